@@ -1,0 +1,244 @@
+"""Upstream compatibility facts, and the checks that use them.
+
+Every number here was read from the packages themselves (the wheels' metadata on PyPI,
+`pip install --dry-run --report`), not from memory:
+
+* torch: `Requires-Dist` of the PyPI wheel pins its CUDA runtime, cuDNN and NCCL; the
+  PyPI Linux wheel of each release is built for exactly one CUDA version (`pypi_cuda`).
+  Other CUDA builds exist only on download.pytorch.org, as `+cuXYZ` local versions.
+* TensorFlow: the `and-cuda` extra gives the CUDA runtime, cuDNN and NCCL a release was
+  built for; wheels exist for the Python versions in `python`.
+* Debian: the Python 3 of each release (bookworm 3.11, trixie 3.13); trixie non-free is
+  also where the builder's CUDA 12.4 toolkit (nvcc) comes from.
+
+Each check returns a list of problems: (field, message). Empty means compatible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Version = tuple[int, ...]
+
+
+def parse_version(text: str) -> Version:
+    """'2.6.0+cu124' -> (2, 6, 0). The local part after '+' is ignored."""
+    public = str(text).split("+", 1)[0]
+    parts = []
+    for piece in public.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def minor(text: str) -> str:
+    major, minor_, *_ = parse_version(text) + (0, 0)
+    return f"{major}.{minor_}"
+
+
+def local_tag(text: str) -> str | None:
+    """'2.6.0+cu124' -> 'cu124'; '2.6.0' -> None."""
+    return str(text).split("+", 1)[1] if "+" in str(text) else None
+
+
+def cuda_tag(cuda: str) -> str:
+    """'12.4' -> 'cu124'."""
+    return "cu" + cuda.replace(".", "")
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    python: tuple[str, str]          # lowest and highest CPython with wheels
+    cuda_builds: tuple[str, ...]     # CUDA versions PyTorch publishes builds for
+    pypi_cuda: str                   # the CUDA of the plain PyPI Linux wheel
+    cudnn: str                       # nvidia-cudnn-cu12 pinned by the PyPI wheel
+    nccl: str                        # nvidia-nccl-cu12 pinned by the PyPI wheel
+
+
+TORCH: dict[str, TorchRelease] = {
+    "2.6": TorchRelease(("3.9", "3.13"), ("11.8", "12.4", "12.6"), "12.4", "9.1.0.70", "2.21.5"),
+    "2.7": TorchRelease(("3.9", "3.13"), ("11.8", "12.6", "12.8"), "12.6", "9.5.1.17", "2.26.2"),
+    "2.8": TorchRelease(("3.9", "3.13"), ("12.6", "12.8", "12.9"), "12.8", "9.10.2.21", "2.27.3"),
+    "2.9": TorchRelease(("3.10", "3.14"), ("12.6", "12.8", "13.0"), "12.8", "9.10.2.21", "2.27.5"),
+    # 2.13's PyPI wheel is a CUDA 13 build (nvidia-*-cu13); only its CPU build is used here.
+    "2.13": TorchRelease(("3.10", "3.14"), ("12.6", "13.0"), "13.0", "9.20.0.48", "2.29.7"),
+}
+
+
+@dataclass(frozen=True)
+class TensorflowRelease:
+    python: tuple[str, str]
+    cuda_min: str                    # CUDA runtime it was built against (needs >= this, same major)
+    cudnn_min: str                   # cuDNN it was built against (needs >= this, same major)
+    nccl_min: str
+    keras: str                       # the Keras its `tf.keras` resolves to by default
+
+
+TENSORFLOW: dict[str, TensorflowRelease] = {
+    "2.15": TensorflowRelease(("3.9", "3.11"), "12.2", "8.9", "2.16.5", "keras2"),
+    "2.16": TensorflowRelease(("3.9", "3.12"), "12.3", "8.9", "2.16.5", "keras3"),
+    "2.17": TensorflowRelease(("3.9", "3.12"), "12.3", "8.9", "2.16.5", "keras3"),
+    "2.18": TensorflowRelease(("3.9", "3.12"), "12.5", "9.3", "2.21.5", "keras3"),
+    "2.19": TensorflowRelease(("3.9", "3.12"), "12.5", "9.3", "2.23.4", "keras3"),
+    "2.20": TensorflowRelease(("3.9", "3.13"), "12.5", "9.3", "2.25.1", "keras3"),
+    "2.21": TensorflowRelease(("3.10", "3.13"), "12.5", "9.3", "2.27.7", "keras3"),
+}
+
+# The Python 3 that each Debian release ships: the image's interpreter comes from its base.
+DISTRO_PYTHON: dict[str, str] = {"bookworm": "3.11", "trixie": "3.13"}
+
+# CUDA toolkits the builder stage can install (nvcc is not published on PyPI for CUDA 12):
+# Debian trixie non-free ships nvidia-cuda-toolkit 12.4. Code it compiles runs on any
+# CUDA 12.x runtime >= 12.4 (CUDA minor-version compatibility).
+BUILDER_NVCC: dict[str, str] = {"trixie": "12.4"}
+
+# Horovod releases whose patches live in images/patches/horovod-<version>/.
+HOROVOD_PATCHED = ("0.28.1",)
+
+
+def _in_range(version: str, low: str, high: str) -> bool:
+    return parse_version(low) <= parse_version(version) <= parse_version(high)
+
+
+def check_python(variant) -> list[tuple[str, str]]:
+    problems = []
+    distro_python = DISTRO_PYTHON.get(variant.distro)
+    if distro_python and variant.python != distro_python:
+        problems.append(("python", f"{variant.python!r} is not the Python of Debian {variant.distro}; "
+                                   f"allowed: {distro_python!r} (python: follows distro: "
+                                   + ", ".join(f"{d}={p}" for d, p in DISTRO_PYTHON.items()) + ")"))
+    return problems
+
+
+def check_torch(variant) -> list[tuple[str, str]]:
+    if variant.pytorch is None:
+        return []
+    version = variant.pytorch.version
+    release = TORCH.get(minor(version))
+    if release is None:
+        return [("pytorch.version", f"{version!r} is not a known PyTorch release; allowed minors: "
+                                    + ", ".join(sorted(TORCH, key=parse_version)))]
+    problems = []
+    if not _in_range(variant.python, *release.python):
+        problems.append(("pytorch.version", f"torch {version} has no wheels for Python {variant.python}; "
+                                            f"allowed: Python {release.python[0]}..{release.python[1]}"))
+    tag = local_tag(version)
+    if variant.accelerator == "cpu":
+        if tag != "cpu":
+            problems.append(("pytorch.version", f"{version!r} on a cpu variant must be a CPU build; "
+                                                f"allowed: '{version.split('+')[0]}+cpu' (the plain PyPI "
+                                                f"wheel is a CUDA {release.pypi_cuda} build)"))
+        return problems
+    cuda = variant.cuda.version
+    if cuda not in release.cuda_builds:
+        problems.append(("cuda.version", f"torch {minor(version)} is not built for CUDA {cuda}; "
+                                         f"allowed: {', '.join(release.cuda_builds)}"))
+    elif tag is None and cuda != release.pypi_cuda:
+        problems.append(("pytorch.version", f"the PyPI wheel of torch {version} is a CUDA {release.pypi_cuda} "
+                                            f"build, not {cuda}; allowed: '{version}+{cuda_tag(cuda)}' "
+                                            f"(from download.pytorch.org) or cuda.version "
+                                            f"{release.pypi_cuda!r}"))
+    elif tag is not None and tag != cuda_tag(cuda):
+        problems.append(("pytorch.version", f"local version {tag!r} does not match CUDA {cuda}; "
+                                            f"allowed: {cuda_tag(cuda)!r}"))
+    if tag is None:
+        # The PyPI wheel pins cuDNN and NCCL: the matrix must say what will really be installed.
+        if variant.cuda.cudnn != release.cudnn:
+            problems.append(("cuda.cudnn", f"{variant.cuda.cudnn!r} differs from the nvidia-cudnn-cu12 that "
+                                           f"torch {version} pins; allowed: {release.cudnn!r}"))
+        if variant.cuda.nccl != release.nccl:
+            problems.append(("cuda.nccl", f"{variant.cuda.nccl!r} differs from the nvidia-nccl-cu12 that "
+                                          f"torch {version} pins; allowed: {release.nccl!r}"))
+    return problems
+
+
+def check_tensorflow(variant) -> list[tuple[str, str]]:
+    tf = variant.tensorflow
+    if tf is None:
+        return []
+    release = TENSORFLOW.get(minor(tf.version))
+    if release is None:
+        return [("tensorflow.version", f"{tf.version!r} is not a known TensorFlow release; allowed minors: "
+                                       + ", ".join(sorted(TENSORFLOW, key=parse_version)))]
+    problems = []
+    if not _in_range(variant.python, *release.python):
+        problems.append(("tensorflow.version", f"TensorFlow {tf.version} has no wheels for Python "
+                                               f"{variant.python}; allowed: Python "
+                                               f"{release.python[0]}..{release.python[1]}"))
+    if variant.accelerator == "cuda":
+        if tf.package != "tensorflow":
+            problems.append(("tensorflow.package", f"{tf.package!r} has no GPU support; allowed: 'tensorflow'"))
+        cuda = variant.cuda
+        if not (parse_version(release.cuda_min) <= parse_version(cuda.version)
+                and parse_version(cuda.version)[0] == parse_version(release.cuda_min)[0]):
+            problems.append(("cuda.version", f"TensorFlow {minor(tf.version)} was built for CUDA "
+                                             f"{release.cuda_min}; allowed: CUDA {release.cuda_min} or a newer "
+                                             f"{parse_version(release.cuda_min)[0]}.x"))
+        if not (parse_version(release.cudnn_min) <= parse_version(cuda.cudnn)
+                and parse_version(cuda.cudnn)[0] == parse_version(release.cudnn_min)[0]):
+            problems.append(("cuda.cudnn", f"TensorFlow {minor(tf.version)} needs cuDNN "
+                                           f"{release.cudnn_min} or a newer {parse_version(release.cudnn_min)[0]}.x; "
+                                           f"the variant has {cuda.cudnn}"))
+        if parse_version(cuda.nccl) < parse_version(release.nccl_min):
+            problems.append(("cuda.nccl", f"TensorFlow {minor(tf.version)} needs NCCL >= {release.nccl_min}; "
+                                          f"the variant has {cuda.nccl}"))
+    keras = tf.keras or release.keras
+    if keras == "keras3" and "tensorflow" in variant.horovod_frameworks():
+        problems.append(("tensorflow.keras", "Keras 3 breaks horovod.tensorflow.keras "
+                                             "('Variable' object has no attribute 'ref') and "
+                                             "MultiWorkerMirroredStrategy; allowed: 'tf-keras'"))
+    if keras == "keras2" and release.keras == "keras3":
+        problems.append(("tensorflow.keras", f"TensorFlow {minor(tf.version)} bundles Keras 3; "
+                                             f"allowed: 'tf-keras', 'keras3'"))
+    if keras == "tf-keras" and release.keras == "keras2":
+        problems.append(("tensorflow.keras", f"TensorFlow {minor(tf.version)} already uses Keras 2; "
+                                             f"allowed: 'keras2'"))
+    return problems
+
+
+def check_cuda_toolchain(variant) -> list[tuple[str, str]]:
+    if variant.accelerator != "cuda":
+        return []
+    nvcc = BUILDER_NVCC.get(variant.distro)
+    if nvcc is None:
+        return [("distro", f"no CUDA 12 compiler can be installed on Debian {variant.distro}; "
+                           f"allowed: {', '.join(BUILDER_NVCC)}")]
+    if parse_version(variant.cuda.version) < parse_version(nvcc):
+        return [("cuda.version", f"the builder's nvcc is CUDA {nvcc}, newer than the runtime "
+                                 f"{variant.cuda.version}; allowed: CUDA >= {nvcc}")]
+    return []
+
+
+def check_horovod(variant) -> list[tuple[str, str]]:
+    hvd = variant.horovod
+    if hvd is None:
+        return []
+    problems = []
+    if hvd.version not in HOROVOD_PATCHED:
+        problems.append(("horovod.version", f"{hvd.version!r} has no patch set in images/patches; "
+                                            f"allowed: {', '.join(HOROVOD_PATCHED)}"))
+    installed = variant.frameworks()
+    for framework in hvd.frameworks:
+        if framework not in installed:
+            problems.append(("horovod.frameworks", f"{framework!r} is not installed in this variant; "
+                                                   f"allowed: {', '.join(installed) or 'none'}"))
+    if hvd.gpu_operations and variant.accelerator != "cuda":
+        problems.append(("horovod.gpu_operations", f"{hvd.gpu_operations!r} needs accelerator 'cuda'; "
+                                                   f"allowed on '{variant.accelerator}': null"))
+    if variant.accelerator == "cuda" and not hvd.gpu_operations:
+        problems.append(("horovod.gpu_operations", "a CUDA variant must build Horovod with GPU "
+                                                   "operations; allowed: 'nccl'"))
+    if hvd.cpu_operations not in hvd.controllers:
+        problems.append(("horovod.cpu_operations", f"{hvd.cpu_operations!r} is not a built controller; "
+                                                   f"allowed: {', '.join(hvd.controllers)}"))
+    return problems
+
+
+CHECKS = (check_python, check_torch, check_tensorflow, check_cuda_toolchain, check_horovod)
+
+
+def check_variant(variant) -> list[tuple[str, str]]:
+    problems = []
+    for check in CHECKS:
+        problems.extend(check(variant))
+    return problems

@@ -1,0 +1,213 @@
+"""Variant -> build context (Dockerfile, manifest, requirements, scripts, code). Pure.
+
+`render_context` returns the files as data; `write_context` puts them on disk. The same
+variant and repository always give the same bytes, so a re-render changes nothing and
+Docker's layer cache keys stay stable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import compat
+from .matrix import Variant
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LABEL_PREFIX = "io.disttrain"
+PROJECT_VERSION = (REPO_ROOT / "VERSION").read_text().strip()
+
+# Code copied into the image under /opt/disttrain (entrypoint, in-image API, examples).
+APP_DIRS = ("entrypoint", "disttrain", "examples")
+APP_SUFFIXES = (".py",)
+
+
+@dataclass(frozen=True)
+class File:
+    path: str          # relative to the context root, '/'-separated
+    content: bytes
+    executable: bool = False
+
+
+def component_versions(v: Variant) -> dict[str, str]:
+    """Every component version the image promises, by name (labels and manifest)."""
+    versions = {"python": v.python, "debian": v.distro}
+    if v.pytorch:
+        versions["torch"] = v.pytorch.version
+    if v.tensorflow:
+        versions["tensorflow"] = v.tensorflow.version
+        versions["keras"] = v.keras()
+    if v.horovod:
+        versions["horovod"] = v.horovod.version
+    if v.mpi4py:
+        versions["mpi4py"] = v.mpi4py
+    if v.cuda:
+        versions.update(cuda=v.cuda.version, cudnn=v.cuda.cudnn, nccl=v.cuda.nccl)
+    return versions
+
+
+def horovod_build(v: Variant) -> dict | None:
+    if not v.horovod:
+        return None
+    ops = [op for op in v.horovod.controllers]
+    if v.horovod.gpu_operations:
+        ops.append(v.horovod.gpu_operations)
+    return {
+        "frameworks": list(v.horovod.frameworks),
+        "controllers": list(v.horovod.controllers),
+        "tensor_operations": ops,
+        "cpu_operations": v.horovod.cpu_operations,
+        "gpu_operations": v.horovod.gpu_operations,
+        "patches": sorted(p.name for p in (REPO_ROOT / "images" / "patches" /
+                                           f"horovod-{v.horovod.version}").glob("*.patch")),
+    }
+
+
+def manifest(v: Variant) -> dict:
+    """The image manifest at /etc/disttrain/manifest.json, read by the entrypoint."""
+    return {
+        "schema": 1,
+        "variant": v.name,
+        "project_version": PROJECT_VERSION,
+        "accelerator": v.accelerator,
+        "frameworks": v.frameworks(),
+        "launchers": v.launchers(),
+        "versions": component_versions(v),
+        "horovod": horovod_build(v),
+        "cuda_arch_list": list(v.cuda.arch_list) if v.cuda else [],
+    }
+
+
+def labels(v: Variant) -> list[tuple[str, str]]:
+    """Static labels (in the Dockerfile). `created` and `revision` are added at build time."""
+    result = [
+        ("org.opencontainers.image.title", f"distributed-training-framework ({v.name})"),
+        ("org.opencontainers.image.description", v.description),
+        ("org.opencontainers.image.version", PROJECT_VERSION),
+        ("org.opencontainers.image.licenses", "Apache-2.0"),
+        ("org.opencontainers.image.base.name", v.base_image()),
+        (f"{LABEL_PREFIX}.variant", v.name),
+        (f"{LABEL_PREFIX}.accelerator", v.accelerator),
+        (f"{LABEL_PREFIX}.frameworks", ",".join(v.frameworks())),
+        (f"{LABEL_PREFIX}.launchers", ",".join(v.launchers())),
+    ]
+    result += [(f"{LABEL_PREFIX}.version.{name}", value) for name, value in component_versions(v).items()]
+    hvd = horovod_build(v)
+    if hvd:
+        result += [
+            (f"{LABEL_PREFIX}.horovod.frameworks", ",".join(hvd["frameworks"])),
+            (f"{LABEL_PREFIX}.horovod.controllers", ",".join(hvd["controllers"])),
+            (f"{LABEL_PREFIX}.horovod.tensor-operations", ",".join(hvd["tensor_operations"])),
+        ]
+    return result
+
+
+def requirements(v: Variant) -> dict[str, str]:
+    """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
+    runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9"]
+    nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
+    if v.pytorch:
+        runtime.append(f"torch=={v.pytorch.version}")
+    if v.tensorflow:
+        runtime.append(f"{v.tensorflow.package}=={v.tensorflow.version}")
+        if v.keras() == "tf-keras":
+            # tf-keras requires the `tensorflow` distribution even where tensorflow-cpu
+            # already provides the module.
+            nodeps.append(f"tf-keras~={compat.minor(v.tensorflow.version)}.0")
+    if v.horovod:
+        runtime += ["cloudpickle", "pyyaml", "packaging"]
+    build = ["# Builder stage only: what compiling Horovod needs.",
+             "cmake>=3.18,<4", "setuptools<81", "wheel",
+             "cffi>=1.4.0"]  # Horovod setup_requires
+    return {"runtime.txt": "\n".join(runtime) + "\n",
+            "runtime-nodeps.txt": "\n".join(nodeps) + "\n",
+            "build.txt": "\n".join(build) + "\n"}
+
+
+def horovod_env(v: Variant) -> list[tuple[str, str]]:
+    """The HOROVOD_* settings that build-horovod.sh compiles with."""
+    hvd = v.horovod
+    if not hvd:
+        return []
+    env = [("HOROVOD_WITHOUT_MXNET", "1")]
+    for framework in ("pytorch", "tensorflow"):
+        env.append((f"HOROVOD_{'WITH' if framework in hvd.frameworks else 'WITHOUT'}_{framework.upper()}", "1"))
+    for controller in ("gloo", "mpi"):
+        env.append((f"HOROVOD_{'WITH' if controller in hvd.controllers else 'WITHOUT'}_{controller.upper()}", "1"))
+    env.append(("HOROVOD_CPU_OPERATIONS", hvd.cpu_operations.upper()))
+    if hvd.gpu_operations:
+        env += [
+            ("HOROVOD_GPU_OPERATIONS", hvd.gpu_operations.upper()),
+            ("HOROVOD_CUDA_HOME", "/usr"),
+            ("HOROVOD_NCCL_LINK", "SHARED"),
+            ("HOROVOD_BUILD_CUDA_CC_LIST", ",".join(a.replace(".", "") for a in v.cuda.arch_list)),
+        ]
+    return env
+
+
+def kv_lines(pairs: list[tuple[str, str]]) -> str:
+    """key="value" pairs for ENV/LABEL, one per continued line, values JSON-quoted."""
+    return " \\\n    ".join(f"{key}={json.dumps(value)}" for key, value in pairs)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(REPO_ROOT / "images")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["kv_lines"] = kv_lines
+    return env
+
+
+def render_dockerfile(v: Variant) -> str:
+    text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v))
+    # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
+    lines, blank = [], 0
+    for line in text.splitlines():
+        blank = blank + 1 if not line.strip() else 0
+        if blank <= 1:
+            lines.append(line.rstrip())
+    return "\n".join(lines).strip() + "\n"
+
+
+def _tree(root: Path, dest: str, suffixes: tuple[str, ...]) -> list[File]:
+    files = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in suffixes and "__pycache__" not in path.parts:
+            rel = path.relative_to(root).as_posix()
+            files.append(File(f"{dest}/{rel}", path.read_bytes(), executable=path.suffix == ".sh"))
+    return files
+
+
+def render_context(v: Variant) -> list[File]:
+    files = [
+        File("Dockerfile", render_dockerfile(v).encode()),
+        File("manifest.json", (json.dumps(manifest(v), indent=2, sort_keys=True) + "\n").encode()),
+        File("wheelhouse/README", b"Local wheels for pip --find-links; filled by `build.py build --wheelhouse`.\n"),
+    ]
+    files += [File(f"requirements/{name}", text.encode()) for name, text in requirements(v).items()]
+    files += _tree(REPO_ROOT / "images" / "scripts", "scripts", (".sh",))
+    files += _tree(REPO_ROOT / "images" / "patches", "patches", (".patch",))
+    for name in APP_DIRS:
+        files += _tree(REPO_ROOT / name, f"app/{name}", APP_SUFFIXES)
+    return sorted(files, key=lambda f: f.path)
+
+
+def write_context(files: list[File], out_dir: Path) -> Path:
+    """Write files into out_dir, replacing whatever a previous render left there."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    for f in files:
+        target = out_dir / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(f.content)
+        target.chmod(0o755 if f.executable else 0o644)
+    return out_dir

@@ -1,0 +1,188 @@
+"""Smoke tests inside a built image, as its runtime user (`build.py test`).
+
+Parsing and expectations are pure functions; `SmokeRunner` runs containers through the
+Docker SDK. Every check runs the real thing in the image: imports, `horovodrun
+--check-build`, 2-process allreduces over gloo and MPI, and the size budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .matrix import Variant
+from .render import manifest
+
+SCRIPTS = Path(__file__).resolve().parent / "smoke_scripts"
+RESULT_RE = re.compile(r"RESULT (\w+) rank=(\d+) size=(\d+) sum=(\[.*?\])")
+CHECK_RE = re.compile(r"\[(X| )\] (\w+)")
+CHECK_BUILD_NAMES = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "gloo": "Gloo", "mpi": "MPI",
+                     "nccl": "NCCL"}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+
+
+# --------------------------------------------------------------------------- pure
+
+def expected_sum(size: int, width: int) -> list[float]:
+    """Allreduce (sum) of [rank + 1] * width over `size` ranks."""
+    return [float(size * (size + 1) // 2)] * width
+
+
+def parse_results(output: str) -> list[tuple[str, int, int, list[float]]]:
+    return [(m.group(1), int(m.group(2)), int(m.group(3)), json.loads(m.group(4)))
+            for m in RESULT_RE.finditer(output)]
+
+
+def check_allreduce(output: str, tag: str, size: int, width: int) -> tuple[bool, str]:
+    results = [r for r in parse_results(output) if r[0] == tag]
+    expected = expected_sum(size, width)
+    ranks = sorted(r[1] for r in results)
+    if ranks != list(range(size)):
+        return False, f"expected ranks 0..{size - 1} to report, got {ranks}"
+    wrong = [r for r in results if r[2] != size or r[3] != expected]
+    if wrong:
+        return False, f"expected size={size} sum={expected}, got {wrong}"
+    return True, f"{size} ranks, sum={expected}"
+
+
+def parse_check_build(output: str) -> dict[str, set[str]]:
+    """horovodrun --check-build output -> {'frameworks'|'controllers'|'operations': {'PyTorch', ...}}."""
+    sections = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
+                "Available Tensor Operations": "operations"}
+    result: dict[str, set[str]] = {name: set() for name in sections.values()}
+    current = None
+    for line in output.splitlines():
+        stripped = line.strip().rstrip(":")
+        if stripped in sections:
+            current = sections[stripped]
+            continue
+        match = CHECK_RE.search(line)
+        if current and match and match.group(1) == "X":
+            result[current].add(match.group(2))
+    return result
+
+
+def expected_check_build(v: Variant) -> dict[str, set[str]]:
+    hvd = manifest(v)["horovod"]
+    return {
+        "frameworks": {CHECK_BUILD_NAMES[f] for f in hvd["frameworks"]},
+        "controllers": {CHECK_BUILD_NAMES[c] for c in hvd["controllers"]},
+        "operations": {CHECK_BUILD_NAMES[o] for o in hvd["tensor_operations"]},
+    }
+
+
+def compare_check_build(output: str, v: Variant) -> tuple[bool, str]:
+    found, expected = parse_check_build(output), expected_check_build(v)
+    missing = {k: sorted(expected[k] - found[k]) for k in expected if expected[k] - found[k]}
+    if missing:
+        return False, f"missing from --check-build: {missing}; found {({k: sorted(s) for k, s in found.items()})}"
+    return True, "; ".join(f"{k}: {', '.join(sorted(found[k]))}" for k in ("frameworks", "controllers", "operations"))
+
+
+def compare_versions(output: str, v: Variant) -> tuple[bool, str]:
+    match = re.search(r"VERSIONS (\{.*\})", output)
+    if not match:
+        return False, "no VERSIONS line in output"
+    found = json.loads(match.group(1))
+    promised = manifest(v)["versions"]
+    pairs = {"torch": "torch", "tensorflow": "tensorflow", "horovod": "horovod", "mpi4py": "mpi4py"}
+    wrong = {name: (found.get(module), promised[name]) for name, module in pairs.items()
+             if name in promised and found.get(module) != promised[name]}
+    if wrong:
+        return False, f"installed != promised: {wrong}"
+    return True, ", ".join(f"{k} {val}" for k, val in sorted(found.items()))
+
+
+def largest_layers(history: list[dict], count: int = 5) -> list[str]:
+    layers = sorted(history, key=lambda layer: layer.get("Size", 0), reverse=True)[:count]
+    return [f"{layer['Size'] / 1e9:.2f} GB  {layer.get('CreatedBy', '')[:110]}" for layer in layers]
+
+
+def check_size(size_bytes: int, budget_gb: float, history: list[dict]) -> tuple[bool, str]:
+    size_gb = size_bytes / 1e9
+    if size_gb <= budget_gb:
+        return True, f"{size_gb:.2f} GB <= budget {budget_gb} GB"
+    return False, (f"{size_gb:.2f} GB > budget {budget_gb} GB; largest layers:\n    "
+                   + "\n    ".join(largest_layers(history)))
+
+
+# --------------------------------------------------------------------------- executing
+
+class SmokeRunner:
+    """Runs commands in throwaway containers of one image, as the image's own USER."""
+
+    def __init__(self, image: str, timeout: int = 300):
+        import docker
+
+        self.client = docker.from_env()
+        self.image = image
+        self.timeout = timeout
+
+    def run(self, command: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        container = self.client.containers.run(
+            self.image, command=command, entrypoint=["tini", "-g", "--"], environment=env or {},
+            volumes={str(SCRIPTS): {"bind": "/smoke", "mode": "ro"}}, detach=True, shm_size="512m")
+        try:
+            status = container.wait(timeout=self.timeout)
+            output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+            return status["StatusCode"], output
+        finally:
+            container.remove(force=True)
+
+    def image_info(self) -> tuple[int, list[dict]]:
+        image = self.client.images.get(self.image)
+        return image.attrs["Size"], image.history()
+
+
+def _result(name: str, code: int, output: str, verdict: tuple[bool, str]) -> CheckResult:
+    ok, detail = verdict
+    if code != 0:
+        ok, detail = False, f"exit code {code}\n" + "\n".join(output.splitlines()[-25:])
+    return CheckResult(name, ok, detail)
+
+
+def run_smoke_tests(image: str, v: Variant) -> list[CheckResult]:
+    runner = SmokeRunner(image)
+    results = []
+
+    code, output = runner.run(["sh", "-c", "id -u; for c in gcc cc g++ nvcc cmake; do command -v $c; done; true"])
+    uid = output.split()[0] if output.split() else "?"
+    compilers = output.split()[1:]
+    results.append(CheckResult("runtime user, no compilers", code == 0 and uid != "0" and not compilers,
+                               f"uid {uid}; compilers found: {compilers or 'none'}"))
+
+    code, output = runner.run(["python3", "/smoke/imports.py"])
+    results.append(_result("frameworks import", code, output, compare_versions(output, v)))
+
+    if v.horovod:
+        code, output = runner.run(["horovodrun", "--check-build"])
+        results.append(_result("horovodrun --check-build", code, output, compare_check_build(output, v)))
+        for framework in v.horovod.frameworks:
+            code, output = runner.run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+                                       "python3", "/smoke/hvd_allreduce.py", framework])
+            results.append(_result(f"horovod {framework} allreduce (gloo, 2 processes)", code, output,
+                                   check_allreduce(output, framework, 2, 4)))
+
+    if v.pytorch:
+        code, output = runner.run(["torchrun", "--standalone", "--nproc-per-node", "2",
+                                   "/smoke/torch_allreduce.py"])
+        results.append(_result("torch.distributed gloo allreduce (2 processes)", code, output,
+                               check_allreduce(output, "torch", 2, 4)))
+
+    if v.mpi4py:
+        code, output = runner.run(["mpirun", "-np", "2", "python3", "/smoke/mpi_allreduce.py"])
+        results.append(_result("mpi4py allreduce (Open MPI, 2 processes)", code, output,
+                               check_allreduce(output, "mpi", 2, 1)))
+
+    size, history = runner.image_info()
+    ok, detail = check_size(size, v.size_budget_gb, history)
+    results.append(CheckResult("image size within budget", ok, detail))
+    return results

@@ -1,0 +1,21 @@
+"""Import every framework the image manifest promises; print their versions as JSON."""
+import importlib
+import json
+import os
+
+manifest = json.load(open(os.environ["DISTTRAIN_MANIFEST"]))
+modules = {"pytorch": ["torch"], "tensorflow": ["tensorflow"], "keras": ["tf_keras"]}
+found = {}
+for framework in manifest["frameworks"]:
+    for name in modules[framework]:
+        module = importlib.import_module(name)
+        found[name] = getattr(module, "__version__", "?")
+if manifest.get("horovod"):
+    import horovod
+    found["horovod"] = horovod.__version__
+    for framework in manifest["horovod"]["frameworks"]:
+        importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+if "mpi4py" in manifest["versions"]:
+    import mpi4py
+    found["mpi4py"] = mpi4py.__version__
+print("VERSIONS " + json.dumps(found, sort_keys=True))

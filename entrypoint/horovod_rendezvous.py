@@ -1,0 +1,31 @@
+"""Horovod's own HTTP rendezvous server, on a fixed port, with the job's host plan.
+
+horovodrun starts `RendezvousServer` on a random port and reaches the workers over SSH.
+Containers have neither, so the master's entrypoint runs Horovod's server classes itself
+on HOROVOD_PORT and every node starts its workers with the HOROVOD_* environment that
+horovodrun would have given them (plan.horovod_processes).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .plan import NodeInfo, horovod_slots
+
+
+class HorovodRendezvous:
+    def __init__(self, nodes: list[NodeInfo], port: int, host: str = "0.0.0.0"):
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        try:
+            self.httpd = RendezvousHTTPServer((host, port), RendezvousHandler, 0)
+        except OSError as exc:
+            raise OSError(f"cannot serve Horovod's rendezvous on port {port} (HOROVOD_PORT): {exc.strerror}") from None
+        self.httpd.init(horovod_slots(nodes))
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="horovod-rendezvous", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,200 @@
+"""Container entrypoint: environment -> launch plan -> supervised training.
+
+    python -m entrypoint.main [--dry-run] [SCRIPT ARGS...]
+
+The image runs this under `tini -g`. It reads only environment variables (see config.py
+and README.md), plans the launch (plan.py), meets the other nodes (membership.py), and
+supervises the node's processes (supervisor.py). With EXPLAIN=1 or --dry-run it prints the
+plan and starts nothing. Bad input: one line on stderr, exit code 2, nothing started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from . import hardware, manifest
+from .config import ConfigError, load_config
+from .ecosystem import translate
+from .membership import JobStore, RendezvousError
+from .plan import NodeInfo, NodePlan, assumed_nodes, explain, plan_node, plan_processes
+from .supervisor import Supervisor
+
+EXIT_BAD_INPUT = 2
+EXIT_RENDEZVOUS = 3
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def say(text: str, stream=sys.stdout) -> None:
+    stream.write(f"entrypoint: {text}\n")
+    stream.flush()
+
+
+def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
+    image = manifest.load(env)
+    translation = translate(env)
+    config = load_config(translation.env, image.frameworks, image.launchers, tuple(script_args),
+                         translation.sources)
+    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable)
+
+
+def check_script(plan: NodePlan) -> None:
+    path = plan.config.entrypoint
+    if not os.path.isfile(path):
+        raise ConfigError(f"ENTRYPOINT={path!r}: no such file; mount your training code at /app/code "
+                          f"(entry train.py) or set ENTRYPOINT to your script")
+    if not path.endswith(".py") and not os.access(path, os.X_OK):
+        raise ConfigError(f"ENTRYPOINT={path!r}: not a .py file and not executable")
+
+
+# --------------------------------------------------------------------------- running
+
+def run_direct(plan: NodePlan, env: dict[str, str]) -> int:
+    spec = plan_processes(plan, [], plan.direct.rank)[0]
+    os.execvpe(spec.argv[0], list(spec.argv), {**env, **spec.env})
+    return 0  # not reached
+
+
+def run_local(plan: NodePlan, env: dict[str, str], supervisor: Supervisor) -> int:
+    from .horovod_rendezvous import HorovodRendezvous
+
+    nodes = [NodeInfo(0, "127.0.0.1", plan.nproc, tuple(hardware.free_ports(plan.ports_needed, "127.0.0.1")))]
+    server = HorovodRendezvous(nodes, 0, "127.0.0.1") if plan.rendezvous and plan.rendezvous.horovod_server else None
+    try:
+        specs = plan_processes(plan, nodes, 0, iface=None, horovod_addr="127.0.0.1",
+                               horovod_port=server.port if server else None,
+                               master_port=hardware.free_ports(1, "127.0.0.1")[0])
+        say(f"starting {len(specs)} process(es): {plan.launcher}")
+        return supervisor.run(specs, env)
+    finally:
+        if server:
+            server.stop()
+
+
+def _interrupt_on_signals() -> None:
+    def handler(signum, _frame):
+        raise Interrupted(signum)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor) -> int:
+    from .horovod_rendezvous import HorovodRendezvous
+
+    c = plan.config
+    master = c.role == "master"
+    deadline = time.monotonic() + c.rdzv_timeout
+    store = JobStore(c, serve=master)
+    server = None
+    _interrupt_on_signals()              # until the processes start, a signal just ends us
+    try:
+        say(f"{'serving' if master else 'joining'} the job store at {c.master_addr}:{c.master_port}")
+        store.connect(deadline)
+        node_rank = store.claim_rank(0 if master else c.node_rank)
+        master_ip = hardware.resolve(c.master_addr)
+        if master_ip is None:
+            raise RendezvousError(f"MASTER_ADDR={c.master_addr!r} does not resolve")
+        source_ip = hardware.route_source(master_ip)
+        try:
+            iface, warnings = hardware.choose_interface(master_ip, source_ip, hardware.interfaces(), c.net_ifname)
+        except LookupError as exc:
+            raise ConfigError(str(exc)) from None
+        for warning in warnings:
+            say(f"WARNING: {warning}")
+        node_addr = c.node_addr or (c.master_addr if master else source_ip)
+        ports = (tuple(range(c.worker_port_base, c.worker_port_base + plan.ports_needed)) if c.worker_port_base
+                 else tuple(hardware.free_ports(plan.ports_needed)))
+        me = NodeInfo(node_rank, node_addr, plan.nproc, ports)
+        store.publish(me)
+        say(f"node {node_rank} of {c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'}: "
+            f"address {node_addr}, interface {iface or '(auto)'}, {plan.nproc} process(es)")
+        nodes = [me]
+        if plan.rendezvous.exchange:
+            nodes = store.wait_for_nodes(c.num_nodes, deadline)
+            if master:
+                if plan.rendezvous.horovod_server:
+                    server = HorovodRendezvous(nodes, c.horovod_port)
+                store.announce_launch()
+            else:
+                store.wait_for_launch(deadline)
+        specs = plan_processes(plan, nodes, node_rank, iface=iface, horovod_addr=c.master_addr,
+                               horovod_port=c.horovod_port, master_port=c.master_port)
+    except Interrupted as exc:
+        store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous")
+        return 128 + exc.signum
+    except RendezvousError as exc:
+        say(f"rendezvous failed: {exc}", sys.stderr)
+        store.abort(f"node {store.node_rank}: {exc}") if store.store else None
+        return EXIT_RENDEZVOUS
+
+    supervisor.install_signal_handlers()
+    supervisor.poll = store.poll
+    if not any(s.critical for s in specs):
+        supervisor.job_finished = store.master_finished
+    try:
+        say(f"starting {len(specs)} process(es): {plan.launcher}")
+        code = supervisor.run(specs, env)
+        final = store.finish(code, wait_s=max(30.0, 3.0 * c.peer_timeout),
+                             stop_requested=lambda: supervisor.signal_received is not None)
+        return final
+    finally:
+        if server:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    dry_run = bool(args) and args[0] == "--dry-run"
+    if dry_run:
+        args = args[1:]
+    if args and args[0] == "--":
+        args = args[1:]
+    env = dict(os.environ)
+    try:
+        plan = build_plan(env, args)
+        if not (dry_run or plan.config.explain):
+            check_script(plan)
+    except ConfigError as exc:
+        say(str(exc), sys.stderr)
+        return EXIT_BAD_INPUT
+
+    if dry_run or plan.config.explain:
+        try:
+            nodes = assumed_nodes(plan)
+            rank = plan.direct.rank if plan.direct else (plan.config.node_rank or 0)
+            processes = plan_processes(plan, nodes, rank, iface=plan.config.net_ifname, master_port=plan.config.master_port,
+                                       horovod_port=plan.config.horovod_port)
+        except ConfigError as exc:
+            say(str(exc), sys.stderr)
+            return EXIT_BAD_INPUT
+        print(explain(plan, processes, env), flush=True)
+        return 0
+
+    for warning in plan.warnings:
+        say(f"WARNING: {warning}")
+    if plan.mode == "direct":
+        return run_direct(plan, env)
+    supervisor = Supervisor(plan.config.grace_period)
+    started = time.monotonic()
+    try:
+        if plan.mode == "local":
+            supervisor.install_signal_handlers()
+            code = run_local(plan, env, supervisor)
+        else:
+            code = run_distributed(plan, env, supervisor)
+    except ConfigError as exc:
+        say(str(exc), sys.stderr)
+        return EXIT_BAD_INPUT
+    say(f"done: exit {code} after {time.monotonic() - started:.1f}s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The job store: how the nodes of one job find, number and watch each other.
+
+The master's entrypoint serves a torch.distributed.TCPStore on MASTER_ADDR:MASTER_PORT for
+the whole job; every node's entrypoint is a client. torchrun's c10d rendezvous uses the
+same store (is_host=0), so it lives as long as the job rather than as long as one
+torchrun. On top of it, under the prefix `disttrain/<RUN_ID>/`:
+
+    node/<k>/claim   a node took rank k (NODE_RANK, or the next free one)
+    node/<k>/info    its address, process count and ports (NodeInfo JSON)
+    node/<k>/hb      heartbeat counter, bumped every second
+    node/<k>/exit    its exit code, when its processes are done
+    job/launch       the master's go: every node has joined (and Horovod's server is up)
+    job/abort        why the job is being stopped; every node stops its processes
+
+A node whose heartbeat stops for PEER_TIMEOUT seconds, a non-zero exit, or a master that
+can no longer be reached ends the job on every node, so nothing waits for a dead peer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import time
+import uuid
+
+from .config import Config
+from .plan import NodeInfo
+
+
+class RendezvousError(Exception):
+    """Rendezvous failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for."""
+
+
+class JobStore:
+    def __init__(self, config: Config, serve: bool):
+        self.config = config
+        self.serve = serve
+        self.endpoint = f"{config.master_addr}:{config.master_port}"
+        self.prefix = f"disttrain/{config.run_id}/"
+        self.store = None
+        self.node_rank: int | None = None
+        self._seen: dict[int, tuple[int, float]] = {}     # node -> (last heartbeat, when it changed)
+        self._gone: set[int] = set()                       # elastic: nodes that left
+
+    # ----------------------------------------------------------------- joining
+    def connect(self, deadline: float) -> None:
+        from torch.distributed import TCPStore
+
+        c = self.config
+        if self.serve:
+            try:
+                self.store = TCPStore("0.0.0.0", c.master_port, is_master=True, wait_for_workers=False,
+                                      timeout=dt.timedelta(seconds=c.rdzv_timeout))
+            except RuntimeError as exc:
+                raise RendezvousError(f"cannot serve the job store on port {c.master_port} (MASTER_PORT): "
+                                      f"{str(exc).splitlines()[0]}") from None
+            return
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            remaining = max(1.0, min(10.0, deadline - time.monotonic()))
+            try:
+                self.store = TCPStore(c.master_addr, c.master_port, is_master=False, wait_for_workers=False,
+                                      timeout=dt.timedelta(seconds=remaining))
+                return
+            except (RuntimeError, ValueError) as exc:   # not resolvable / refused / timed out
+                last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                time.sleep(1.0)
+        raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after "
+                              f"RDZV_TIMEOUT={c.rdzv_timeout}s (is the master running and the port "
+                              f"reachable?); last error: {last}")
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _has(self, name: str) -> bool:
+        return self.store.check([self._key(name)])
+
+    def _get(self, name: str) -> str:
+        return self.store.get(self._key(name)).decode()
+
+    def claim_rank(self, wanted: int | None) -> int:
+        """Rank 0 for the master, NODE_RANK if given, else the next free one."""
+        c = self.config
+        upper = c.max_nodes if c.elastic else c.num_nodes
+        if wanted is not None:
+            if not self._claim(wanted):
+                raise RendezvousError(f"NODE_RANK={wanted} is already taken by another node at "
+                                      f"{self.endpoint}; give each node its own NODE_RANK")
+            self.node_rank = wanted
+            return wanted
+        while True:
+            candidate = int(self.store.add(self._key("next"), 1))
+            if not c.elastic and candidate >= upper:
+                raise RendezvousError(f"more nodes joined {self.endpoint} than NUM_NODES={c.num_nodes}; "
+                                      f"this one would be node {candidate}")
+            if self._claim(candidate):
+                self.node_rank = candidate
+                return candidate
+
+    def _claim(self, rank: int) -> bool:
+        """compare_set writes our token only if the key is absent; it returns what is stored."""
+        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        return self.store.compare_set(self._key(f"node/{rank}/claim"), "", token).decode() == token
+
+    def publish(self, info: NodeInfo) -> None:
+        self.store.set(self._key(f"node/{info.node_rank}/info"), info.to_json())
+        self.beat()
+
+    def wait_for_nodes(self, count: int, deadline: float) -> list[NodeInfo]:
+        names = [f"node/{k}/info" for k in range(count)]
+        while True:
+            missing = [k for k, name in enumerate(names) if not self._has(name)]
+            if not missing:
+                return [NodeInfo.from_json(self._get(name)) for name in names]
+            if self._has("job/abort"):
+                raise RendezvousError(f"job aborted during rendezvous: {self._get('job/abort')}")
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"only {count - len(missing)} of {count} nodes joined "
+                                      f"MASTER_ADDR:MASTER_PORT={self.endpoint} within "
+                                      f"RDZV_TIMEOUT={self.config.rdzv_timeout}s; missing node(s) "
+                                      f"{', '.join(map(str, missing))}")
+            self.beat()
+            time.sleep(0.2)
+
+    def announce_launch(self) -> None:
+        self.store.set(self._key("job/launch"), "1")
+
+    def wait_for_launch(self, deadline: float) -> None:
+        while not self._has("job/launch"):
+            if self._has("job/abort"):
+                raise RendezvousError(f"job aborted during rendezvous: {self._get('job/abort')}")
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"the master at {self.endpoint} did not start the job within "
+                                      f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
+            self.beat()
+            time.sleep(0.2)
+
+    # ----------------------------------------------------------------- watching
+    def beat(self) -> None:
+        self.store.add(self._key(f"node/{self.node_rank}/hb"), 1)
+
+    def abort(self, reason: str) -> None:
+        try:
+            if not self._has("job/abort"):
+                self.store.set(self._key("job/abort"), reason)
+        except RuntimeError:
+            pass      # the store is gone: the others find out by themselves
+
+    def exit_code(self, rank: int) -> int | None:
+        name = f"node/{rank}/exit"
+        return int(self._get(name)) if self._has(name) else None
+
+    def registered_workers(self) -> list[int]:
+        upper = self.config.max_nodes if self.config.elastic else self.config.num_nodes
+        return [k for k in range(1, upper) if self._has(f"node/{k}/claim")]
+
+    def poll(self) -> str | None:
+        """Called about once a second while the processes run: None, or why to stop."""
+        try:
+            self.beat()
+            if self._has("job/abort"):
+                return self._get("job/abort")
+            if self.serve:
+                return self._check_workers()
+            code = self.exit_code(0)
+            if code is not None and code != 0:
+                return f"the master's processes failed (exit {code})"
+            return None
+        except RuntimeError as exc:
+            if self.serve:
+                return f"the job store failed: {exc}"
+            return (f"lost the master at {self.endpoint} ({str(exc).splitlines()[0] if str(exc) else 'closed'}); "
+                    f"it stopped or its host is unreachable")
+
+    def master_finished(self) -> int | None:
+        """For nodes without a process of their own to wait for (TF servers, MPI hosts)."""
+        try:
+            return self.exit_code(0)
+        except RuntimeError:
+            return 1
+
+    def _check_workers(self) -> str | None:
+        now = time.monotonic()
+        for k in self.registered_workers():
+            if k in self._gone:
+                continue
+            code = self.exit_code(k)
+            if code is not None:
+                if code != 0:
+                    return f"node {k} failed (exit {code})"
+                continue
+            beats = int(self.store.add(self._key(f"node/{k}/hb"), 0))
+            last, since = self._seen.get(k, (-1, now))
+            if beats != last:
+                self._seen[k] = (beats, now)
+            elif now - since > self.config.peer_timeout:
+                if self.config.elastic:        # torchrun re-forms the group without it
+                    self._gone.add(k)
+                    continue
+                return f"node {k} stopped answering (no heartbeat for {self.config.peer_timeout}s)"
+        return None
+
+    # ----------------------------------------------------------------- finishing
+    def finish(self, code: int, wait_s: float, stop_requested=lambda: False) -> int:
+        """Record this node's exit; the master then waits for the workers' results."""
+        try:
+            self.store.set(self._key(f"node/{self.node_rank}/exit"), str(code))
+            if code != 0:
+                self.abort(f"node {self.node_rank} failed (exit {code})")
+            if not self.serve or code != 0:
+                return code
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not stop_requested():
+                pending, failed = [], []
+                for k in self.registered_workers():
+                    if k in self._gone:
+                        continue
+                    worker_code = self.exit_code(k)
+                    if worker_code is None:
+                        pending.append(k)
+                    elif worker_code != 0:
+                        failed.append((k, worker_code))
+                if failed:
+                    print(f"entrypoint: node {failed[0][0]} failed (exit {failed[0][1]})", flush=True)
+                    return 1
+                if not pending:
+                    return 0
+                reason = self._check_workers()
+                if reason:
+                    print(f"entrypoint: {reason}", flush=True)
+                    return 1
+                self.beat()
+                time.sleep(0.2)
+            print(f"entrypoint: workers {pending} did not report within {wait_s:.0f}s", flush=True)
+            return 1
+        except RuntimeError:
+            return code       # the store is gone; this node's own result still stands

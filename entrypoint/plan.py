@@ -1,0 +1,412 @@
+"""Config + hardware -> launch plan. Pure: nothing here starts, opens or reads anything.
+
+Two steps, as in horovod's gloo_run (compute slots, then launch):
+
+1. `plan_node(config, hw)`: how many processes this node runs, which rendezvous it joins
+   or serves, the environment every process shares, and preflight warnings.
+2. `plan_processes(plan, nodes, node_rank, iface)`: the exact commands, once the nodes
+   are known (for torchrun, before: torchrun does its own rendezvous; for Horovod and
+   TensorFlow, after the nodes exchanged addresses at the master).
+
+Each launcher is a function from the same inputs to a list of ProcessSpec.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from .config import Config, ConfigError
+from .ecosystem import DirectRank
+
+TORCHRUN_PREFIX = "[rank${rank}]: "
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int
+    cpus: int
+    shm_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node tells the others at rendezvous."""
+    node_rank: int
+    addr: str
+    nproc: int
+    ports: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"node_rank": self.node_rank, "addr": self.addr, "nproc": self.nproc,
+                           "ports": list(self.ports)})
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "NodeInfo":
+        data = json.loads(text)
+        return NodeInfo(int(data["node_rank"]), data["addr"], int(data["nproc"]), tuple(data["ports"]))
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    label: str                       # log prefix: 'rank 3', 'ps 0', 'torchrun'
+    argv: tuple[str, ...]
+    env: dict[str, str]              # on top of the container's environment
+    critical: bool = True            # False: a server, stopped once the critical processes end
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    endpoint: str                    # MASTER_ADDR:MASTER_PORT, the job store
+    serve_store: bool                # this node hosts the job store (the master)
+    exchange: bool                   # nodes must exchange addresses before launching
+    horovod_server: bool             # this node serves Horovod's HTTP rendezvous
+    timeout: int
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    config: Config
+    mode: str                        # local | distributed | direct
+    nproc: int
+    launcher: str                    # human-readable: what starts the workers, how they meet
+    rendezvous: Rendezvous | None
+    env: dict[str, str]              # every process of this node gets these
+    warnings: tuple[str, ...] = ()
+    direct: DirectRank | None = None
+    python: str = "python3"
+    ports_needed: int = 0            # free ports this node must reserve (TensorFlow)
+
+    @property
+    def world_size(self) -> int | None:
+        if self.direct:
+            return self.direct.world_size
+        if self.config.elastic:
+            return None
+        return self.nproc * (self.config.num_nodes if self.mode == "distributed" else 1)
+
+
+# --------------------------------------------------------------------------- step 1
+
+def script_argv(config: Config, python: str) -> tuple[str, ...]:
+    if config.entrypoint.endswith(".py"):
+        return (python, "-u", config.entrypoint, *config.script_args)
+    return (config.entrypoint, *config.script_args)
+
+
+def _parallel_env(config: Config, world: int | None) -> dict[str, str]:
+    env = {"PARALLEL_MODE": config.parallel_mode}
+    if config.parallel_mode == "data_parallel" or world is None:
+        if config.parallel_mode != "data_parallel":
+            raise ConfigError(f"PARALLEL_MODE={config.parallel_mode}: needs a fixed world size; elastic "
+                              f"training (MIN_NODES/MAX_NODES) is data_parallel only")
+        return {**env, "TP_SIZE": "1", "DP_SIZE": str(world) if world else "0"}
+    tp = config.tp_size or world
+    if world % tp:
+        raise ConfigError(f"TP_SIZE={tp}: must divide the world size {world} "
+                          f"(NUM_NODES x NPROC_PER_NODE); allowed: "
+                          + ", ".join(str(d) for d in range(1, world + 1) if world % d == 0))
+    dp = world // tp
+    if config.parallel_mode == "hybrid" and (tp == 1 or dp == 1):
+        allowed = [str(d) for d in range(2, world) if world % d == 0]
+        raise ConfigError(f"TP_SIZE={tp}: PARALLEL_MODE=hybrid needs both dimensions > 1 with world size "
+                          f"{world}; allowed: " + (", ".join(allowed) or "none (use 4+ processes)"))
+    return {**env, "TP_SIZE": str(tp), "DP_SIZE": str(dp)}
+
+
+def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, user_env: dict[str, str]) -> dict:
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "FRAMEWORK": config.framework,
+        "LAUNCHER": config.launcher,
+        "SYNC_MODE": config.sync_mode,
+        "SYNC_PERIOD": str(config.sync_period),
+        "DATA_DIR": config.data_dir,
+        "CHECKPOINT_DIR": config.checkpoint_dir,
+        "NUM_NODES": str(config.num_nodes),
+        **_parallel_env(config, world),
+        **config.nccl_env,
+    }
+    if "OMP_NUM_THREADS" not in user_env:
+        env["OMP_NUM_THREADS"] = str(max(1, hw.cpus // max(1, nproc)))
+    if config.framework in ("tensorflow", "keras"):
+        # Keras 3 breaks MultiWorkerMirroredStrategy and horovod.tensorflow.keras: use tf-keras.
+        env.setdefault("TF_USE_LEGACY_KERAS", user_env.get("TF_USE_LEGACY_KERAS", "1"))
+        if "TF_CPP_MIN_LOG_LEVEL" not in user_env:
+            env["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    return env
+
+
+def _launcher_text(config: Config, mode: str) -> str:
+    endpoint = f"{config.master_addr}:{config.master_port}"
+    fw = "tensorflow" if config.framework == "keras" else config.framework
+    if mode == "direct":
+        return "direct: this process is one rank, started by an outer launcher"
+    if config.launcher == "mpi":
+        return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={config.hostfile}" if config.hostfile else "")
+    if config.launcher == "horovod":
+        where = f"Horovod HTTP rendezvous on {config.master_addr}:{config.horovod_port}" if mode == "distributed" \
+            else "Horovod HTTP rendezvous on 127.0.0.1"
+        return f"Horovod gloo workers, no SSH ({where})"
+    if fw == "pytorch":
+        if mode == "local":
+            return "torchrun --standalone"
+        nnodes = f"{config.min_nodes}:{config.max_nodes}" if config.elastic else str(config.num_nodes)
+        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint})"
+    strategy = "ParameterServerStrategy (chief + ps on the master)" if config.sync_mode == "async" \
+        else "MultiWorkerMirroredStrategy"
+    return f"TF_CONFIG for {strategy}"
+
+
+def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = None,
+              direct: DirectRank | None = None, python: str = "python3") -> NodePlan:
+    user_env = user_env or {}
+    warnings = []
+    if direct:
+        nproc, mode = 1, "direct"
+        world = direct.world_size
+    else:
+        mode = config.train_mode
+        nproc = config.nproc_per_node or (hw.gpus if hw.gpus else 1)
+        world = None if config.elastic else nproc * (config.num_nodes if mode == "distributed" else 1)
+    if hw.gpus and nproc > hw.gpus and not direct:
+        warnings.append(f"NPROC_PER_NODE={nproc} exceeds the {hw.gpus} visible GPU(s): processes will share "
+                        f"GPUs, which NCCL does not allow")
+    if hw.gpus and hw.shm_bytes is not None and hw.shm_bytes < 1 << 30:
+        warnings.append(f"/dev/shm is {hw.shm_bytes / 2**20:.0f} MiB: NCCL fails with 'posix_fallocate' below "
+                        f"~1 GiB; start the container with --shm-size=8g or --ipc=host")
+
+    fw = "tensorflow" if config.framework == "keras" else config.framework
+    if config.launcher == "horovod" and config.sync_mode == "async":
+        raise ConfigError("SYNC_MODE='async': Horovod synchronises every step; allowed: sync")
+    if config.tf_config and not direct:
+        raise ConfigError("TF_CONFIG is set: the container runs as that one TensorFlow task (TFJob); "
+                          "NPROC_PER_NODE/NUM_NODES do not apply")
+    if direct and fw == "tensorflow" and config.launcher == "native" and not config.tf_config:
+        raise ConfigError(f"FRAMEWORK={config.framework} with LAUNCHER=native under {direct.source}: each task "
+                          f"needs a TF_CONFIG; run one task per node instead, or use LAUNCHER=horovod")
+    if direct and direct.world_size > direct.local_world_size and config.master_addr == "127.0.0.1" \
+            and fw == "pytorch" and config.launcher == "native":
+        raise ConfigError(f"MASTER_ADDR is not set: {direct.source} started {direct.world_size} ranks across "
+                          f"nodes; set MASTER_ADDR (and MASTER_PORT) to rank 0's host")
+    if fw == "tensorflow" and config.sync_mode == "async" and mode == "local" and nproc < 1:
+        raise ConfigError("NPROC_PER_NODE: parameter-server training needs at least one worker")
+
+    rendezvous = None
+    ports_needed = 0
+    if mode == "distributed":
+        exchange = config.launcher == "horovod" or (fw == "tensorflow" and config.launcher == "native")
+        rendezvous = Rendezvous(
+            endpoint=f"{config.master_addr}:{config.master_port}",
+            serve_store=config.role == "master",
+            exchange=exchange,
+            horovod_server=config.launcher == "horovod" and config.role == "master",
+            timeout=config.rdzv_timeout)
+    elif mode == "local" and config.launcher == "horovod":
+        rendezvous = Rendezvous("127.0.0.1:0", serve_store=False, exchange=False, horovod_server=True,
+                                timeout=config.rdzv_timeout)
+    if fw == "tensorflow" and config.launcher == "native" and mode != "direct":
+        ports_needed = nproc + ((1 + config.num_ps) if config.sync_mode == "async" and config.role == "master" else 0)
+
+    env = _common_env(config, hw, nproc, world, user_env)
+    return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode),
+                    rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
+                    ports_needed=ports_needed)
+
+
+# --------------------------------------------------------------------------- step 2: launchers
+
+def _rank_env(rank: int, world: int, local_rank: int, local_world: int, node_rank: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world), "NODE_RANK": str(node_rank)}
+
+
+def _iface_env(iface: str | None) -> dict[str, str]:
+    if not iface:
+        return {}
+    return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface}
+
+
+def torchrun_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None) -> list[ProcessSpec]:
+    c = plan.config
+    argv = [plan.python, "-m", "torch.distributed.run", f"--nproc-per-node={plan.nproc}", "--tee=3",
+            f"--max-restarts={c.max_restarts}", f"--rdzv-id={c.run_id}"]
+    if plan.mode == "local":
+        argv.append("--standalone")
+    else:
+        nnodes = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
+        # The job store is served by the master's entrypoint, not by torchrun (is_host=0),
+        # so it outlives any one torchrun and the entrypoint sees every node come and go.
+        argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={plan.rendezvous.endpoint}",
+                 f"--rdzv-conf=is_host=0,join_timeout={c.rdzv_timeout},read_timeout={c.rdzv_timeout}"]
+    # torchrun runs a .py with its own interpreter; anything else needs --no-python.
+    argv += [c.entrypoint] if c.entrypoint.endswith(".py") else ["--no-python", c.entrypoint]
+    argv += list(c.script_args)
+    env = {**plan.env, **_iface_env(iface), "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX,
+           "NODE_RANK": str(node_rank)}
+    return [ProcessSpec("torchrun", tuple(argv), env)]
+
+
+def horovod_slots(nodes: list[NodeInfo]):
+    """Horovod's own slot assignment (rank, local/cross rank and size) for the nodes."""
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    hosts = [HostInfo(f"node{n.node_rank}", n.nproc) for n in nodes]
+    return get_host_assignments(hosts, sum(n.nproc for n in nodes))
+
+
+def horovod_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
+                      rendezvous_addr: str, rendezvous_port: int) -> list[ProcessSpec]:
+    c = plan.config
+    procs = []
+    for slot in horovod_slots(nodes):
+        if slot.hostname != f"node{node_rank}":
+            continue
+        env = {
+            **plan.env, **_iface_env(iface),
+            **_rank_env(slot.rank, slot.size, slot.local_rank, slot.local_size, node_rank),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": iface or "lo",
+            "HOROVOD_HOSTNAME": slot.hostname,
+            "HOROVOD_RANK": str(slot.rank),
+            "HOROVOD_SIZE": str(slot.size),
+            "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+            "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        }
+        procs.append(ProcessSpec(f"rank {slot.rank}", script_argv(c, plan.python), env))
+    return procs
+
+
+def tf_cluster(plan: NodePlan, nodes: list[NodeInfo]) -> dict[str, list[str]]:
+    """TF_CONFIG's cluster: workers in global-rank order; chief and ps on the master for async."""
+    cluster: dict[str, list[str]] = {"worker": []}
+    async_ = plan.config.sync_mode == "async"
+    for node in sorted(nodes, key=lambda n: n.node_rank):
+        ports = list(node.ports)
+        if async_ and node.node_rank == 0:
+            cluster["chief"] = [f"{node.addr}:{ports.pop(0)}"]
+            cluster["ps"] = [f"{node.addr}:{ports.pop(0)}" for _ in range(plan.config.num_ps)]
+        if len(ports) != node.nproc:
+            raise ValueError(f"node {node.node_rank} published {len(node.ports)} ports for {node.nproc} processes")
+        cluster["worker"] += [f"{node.addr}:{p}" for p in ports]
+    return cluster
+
+
+def tensorflow_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None) -> list[ProcessSpec]:
+    c = plan.config
+    cluster = tf_cluster(plan, nodes)
+    ordered = sorted(nodes, key=lambda n: n.node_rank)
+    first = sum(n.nproc for n in ordered if n.node_rank < node_rank)
+    world = sum(n.nproc for n in ordered)
+    server = (plan.python, "-u", "-m", "disttrain.tf_server")
+
+    def spec(label, task_type, index, argv, critical, rank):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+        env = {**plan.env, **_iface_env(iface), "TF_CONFIG": tf_config,
+               **_rank_env(rank, world, max(rank - first, 0), plan.nproc, node_rank)}
+        return ProcessSpec(label, argv, env, critical)
+
+    procs = []
+    if c.sync_mode == "async":
+        if node_rank == 0:
+            procs.append(spec("chief", "chief", 0, script_argv(c, plan.python), True, 0))
+            procs += [spec(f"ps {i}", "ps", i, server, False, 0) for i in range(c.num_ps)]
+        procs += [spec(f"worker {first + i}", "worker", first + i, server, False, first + i)
+                  for i in range(plan.nproc)]
+    else:
+        procs += [spec(f"rank {first + i}", "worker", first + i, script_argv(c, plan.python), True, first + i)
+                  for i in range(plan.nproc)]
+    return procs
+
+
+def mpi_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
+                  master_port: int) -> list[ProcessSpec]:
+    """mpirun starts the entrypoint once per rank; each one sees OMPI_COMM_WORLD_* and runs
+    the script directly (ecosystem.py), with RANK/WORLD_SIZE/MASTER_* for torch's env://."""
+    c = plan.config
+    if plan.mode == "distributed" and node_rank != 0:
+        return []          # the master's mpirun reaches this node through the MPI launch agent
+    world = plan.nproc * (c.num_nodes if plan.mode == "distributed" else 1)
+    env = {**plan.env, **_iface_env(iface), "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(master_port),
+           "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi", "ENTRYPOINT": c.entrypoint}
+    argv = ["mpirun", "--np", str(world), "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    if c.hostfile:
+        argv += ["--hostfile", c.hostfile]
+    for name in sorted(env):
+        argv += ["-x", name]
+    argv += ["-x", "PATH", "-x", "DISTTRAIN_MANIFEST", plan.python, "-m", "entrypoint.main", *c.script_args]
+    return [ProcessSpec("mpirun", tuple(argv), env)]
+
+
+def direct_process(plan: NodePlan) -> ProcessSpec:
+    d, c = plan.direct, plan.config
+    env = {**plan.env, **_rank_env(d.rank, d.world_size, d.local_rank, d.local_world_size,
+                                   d.rank // max(1, d.local_world_size)),
+           "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(c.master_port)}
+    return ProcessSpec(f"rank {d.rank}", script_argv(c, plan.python), env)
+
+
+def plan_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None = None,
+                   horovod_addr: str | None = None, horovod_port: int | None = None,
+                   master_port: int | None = None) -> list[ProcessSpec]:
+    c = plan.config
+    fw = "tensorflow" if c.framework == "keras" else c.framework
+    if plan.mode == "direct":
+        return [direct_process(plan)]
+    if c.launcher == "mpi":
+        return mpi_processes(plan, nodes, node_rank, iface, master_port or c.master_port)
+    if c.launcher == "horovod":
+        return horovod_processes(plan, nodes, node_rank, iface, horovod_addr or c.master_addr,
+                                 horovod_port or c.horovod_port)
+    if fw == "pytorch":
+        return torchrun_processes(plan, nodes, node_rank, iface)
+    return tensorflow_processes(plan, nodes, node_rank, iface)
+
+
+# --------------------------------------------------------------------------- explaining
+
+def assumed_nodes(plan: NodePlan) -> list[NodeInfo]:
+    """For EXPLAIN before rendezvous: every node like this one, ports as placeholders."""
+    count = plan.config.num_nodes if plan.mode == "distributed" and not plan.config.elastic else 1
+    nodes = []
+    for rank in range(count):
+        ports = plan.ports_needed if rank == 0 else plan.nproc
+        addr = plan.config.master_addr if rank == 0 else f"<node {rank} address>"
+        nodes.append(NodeInfo(rank, addr, plan.nproc, tuple(range(20000 + 100 * rank, 20000 + 100 * rank + ports))))
+    return nodes
+
+
+def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:
+    c = plan.config
+    lines = [f"disttrain launch plan ({plan.mode})",
+             f"  framework:   {c.framework}    launcher: {c.launcher}    sync: {c.sync_mode}    "
+             f"parallel: {c.parallel_mode} (tp={plan.env.get('TP_SIZE')}, dp={plan.env.get('DP_SIZE')})",
+             f"  node:        role={c.role} node_rank={c.node_rank if c.node_rank is not None else 'at rendezvous'} "
+             f"nodes={c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'} "
+             f"processes/node={plan.nproc} world={plan.world_size or 'elastic'}",
+             f"  starts:      {plan.launcher}"]
+    if plan.rendezvous:
+        r = plan.rendezvous
+        serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]
+        lines.append(f"  rendezvous:  job store {r.endpoint}; this node serves: {', '.join(serves) or 'nothing'}; "
+                     f"address exchange: {'yes' if r.exchange else 'no'}; timeout {r.timeout}s")
+    for source, value in sorted(c.sources.items()):
+        lines.append(f"  from scheduler: {source} <- {value}")
+    for warning in plan.warnings:
+        lines.append(f"  WARNING: {warning}")
+    if processes is not None:
+        lines.append("  processes:" + (" (assuming every node looks like this one)" if plan.mode == "distributed" else ""))
+        for p in processes:
+            keys = sorted(k for k in p.env if base_env.get(k) != p.env[k])
+            shown = " ".join(f"{k}={shlex.quote(p.env[k])}" for k in keys if k != "TF_CONFIG")
+            lines.append(f"    [{p.label}]{'' if p.critical else ' (server)'} {' '.join(shlex.quote(a) for a in p.argv)}")
+            lines.append(f"        env: {shown}")
+            if "TF_CONFIG" in p.env:
+                lines.append(f"        TF_CONFIG={p.env['TF_CONFIG']}")
+    return "\n".join(lines)

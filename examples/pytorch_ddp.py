@@ -1,0 +1,63 @@
+"""PyTorch data-parallel training with the image's API (DDP under torchrun; local SGD when
+SYNC_MODE=async). Checkpoints on rank 0 and resumes from CHECKPOINT_DIR."""
+
+import argparse
+
+import torch
+from torch import nn
+
+import synthetic
+from disttrain import checkpoint, context
+from disttrain import torch as dt
+from disttrain.lr import scale_lr
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--checkpoint-every", type=int, default=20)
+args = parser.parse_args()
+
+info = dt.init()
+rank, world = dt.rank(), dt.world_size()
+device = dt.device()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(synthetic.FEATURES, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=scale_lr(args.lr, world, "sqrt"))
+start = 0
+resumed = checkpoint.load_latest(reader=lambda f: torch.load(f, map_location=device))
+if resumed:
+    start, state = resumed
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"RESUMED rank={rank} step={start}", flush=True)
+
+x_all, y_all = synthetic.load(info.data_dir)
+x, y = synthetic.shard(x_all, y_all, rank, world)
+full_x, full_y = torch.from_numpy(x_all).to(device), torch.from_numpy(y_all).to(device)
+
+
+def full_loss() -> float:
+    with torch.no_grad():
+        return nn.functional.mse_loss(model(full_x), full_y).item()
+
+
+before = full_loss()
+ddp = dt.wrap_model(model)
+optimizer = dt.wrap_optimizer(optimizer, ddp)
+for step in range(start, args.steps):
+    bx, by = synthetic.batches(x, y, args.batch_size, step)
+    loss = nn.functional.mse_loss(ddp(torch.from_numpy(bx).to(device)), torch.from_numpy(by).to(device))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if rank == 0 and step % 20 == 0:
+        print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
+        checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step + 1,
+                        writer=torch.save, ext="pt")
+if info.sync_mode == "async":
+    dt.average_parameters(model)        # local SGD ends with one final average
+synthetic.report("pytorch", rank, world, before, full_loss(), dt.parameter_digest(model),
+                 device=str(device), sync=info.sync_mode)
+dt.shutdown()

@@ -1,0 +1,62 @@
+"""The examples' data: DATA_DIR/dataset.npz if present, else a seeded synthetic regression.
+
+    python make_dataset.py /app/data     writes dataset.npz for the examples to read
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+FEATURES = 16
+
+
+def make(samples: int = 4096, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, FEATURES)).astype(np.float32)
+    w = rng.normal(size=(FEATURES, 1)).astype(np.float32)
+    y = (np.tanh(x @ w) + 0.05 * rng.normal(size=(samples, 1))).astype(np.float32)
+    return x, y
+
+
+def load(data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    path = os.path.join(data_dir or os.environ.get("DATA_DIR", "/app/data"), "dataset.npz")
+    if os.path.exists(path):
+        with np.load(path) as data:
+            return data["x"].astype(np.float32), data["y"].astype(np.float32)
+    return make()
+
+
+def shard(x: np.ndarray, y: np.ndarray, rank: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+    return x[rank::world], y[rank::world]
+
+
+def batches(x: np.ndarray, y: np.ndarray, batch_size: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The step-th batch, cycling through the shard in a fixed order."""
+    start = (step * batch_size) % max(1, len(x) - batch_size + 1)
+    return x[start:start + batch_size], y[start:start + batch_size]
+
+
+def digest(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+def report(framework: str, rank: int, world: int, before: float, after: float, param_digest: str, **extra) -> None:
+    """One line per rank that tests and people can read: did it learn, do replicas agree?"""
+    fields = " ".join(f"{k}={v}" for k, v in extra.items())
+    print(f"RESULT framework={framework} rank={rank} world={world} loss_before={before:.6f} "
+          f"loss_after={after:.6f} digest={param_digest} {fields}".rstrip(), flush=True)
+
+
+def keras_flavor(keras_module) -> str:
+    """'tf-keras 2.21.0' (Keras 2 API) or 'keras 3.x' — which Keras tf.keras resolved to."""
+    if keras_module.__name__.startswith("tf_keras"):
+        import tf_keras
+        return f"tf-keras-{tf_keras.__version__}"
+    import keras
+    return f"keras-{keras.__version__}"

@@ -1,0 +1,64 @@
+"""TensorFlow / Keras synchronous data-parallel training with MultiWorkerMirroredStrategy.
+
+Only TensorFlow's own API: the entrypoint wrote TF_CONFIG after the nodes exchanged
+addresses. tf.keras is tf-keras (Keras 2) because the entrypoint set TF_USE_LEGACY_KERAS=1.
+"""
+
+import argparse
+import json
+import os
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+import synthetic
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--lr", type=float, default=0.05)
+args = parser.parse_args()
+
+tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+workers = tf_config.get("cluster", {}).get("worker", [])
+index = tf_config.get("task", {}).get("index", 0)
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if len(workers) > 1 else tf.distribute.get_strategy()
+world = strategy.num_replicas_in_sync
+keras = tf.keras
+
+x_all, y_all = synthetic.load()
+with strategy.scope():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((synthetic.FEATURES,)), keras.layers.Dense(32, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(args.lr * world ** 0.5), loss="mse")
+
+ckpt = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), "tf_mwms.pkl")
+start = 0
+if os.path.exists(ckpt):
+    with open(ckpt, "rb") as f:
+        state = pickle.load(f)
+    model.set_weights(state["weights"])
+    start = state["step"]
+    print(f"RESUMED rank={index} step={start}", flush=True)
+
+
+def full_loss() -> float:
+    return float(np.mean((model(x_all, training=False).numpy() - y_all) ** 2))
+
+
+before = full_loss()
+if start < args.steps:
+    data = tf.data.Dataset.from_tensor_slices((x_all, y_all)).repeat().batch(args.batch_size * world)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    model.fit(data.with_options(options), epochs=1, steps_per_epoch=args.steps - start, verbose=0)
+weights = model.get_weights()
+if index == 0 and start < args.steps:
+    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+    with open(ckpt + ".tmp", "wb") as f:
+        pickle.dump({"weights": weights, "step": args.steps}, f)
+    os.replace(ckpt + ".tmp", ckpt)
+synthetic.report(os.environ.get("FRAMEWORK", "tensorflow"), index, world, before, full_loss(),
+                 synthetic.digest(weights), keras=synthetic.keras_flavor(keras))

@@ -1,0 +1,33 @@
+"""The bundled example, as /app/code/train.py: picks the example that fits the launch.
+
+    FRAMEWORK=pytorch  LAUNCHER=native   -> pytorch_ddp.py (local SGD if SYNC_MODE=async)
+    FRAMEWORK=pytorch  PARALLEL_MODE=model_parallel|hybrid -> pytorch_hybrid.py
+    FRAMEWORK=pytorch  LAUNCHER=horovod  -> pytorch_horovod.py
+    FRAMEWORK=tensorflow|keras LAUNCHER=native -> tensorflow_mwms.py (tensorflow_ps.py if async)
+    FRAMEWORK=tensorflow|keras LAUNCHER=horovod -> keras_horovod.py
+"""
+
+import os
+import runpy
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+framework = os.environ.get("FRAMEWORK", "pytorch")
+launcher = os.environ.get("LAUNCHER", "native")
+parallel = os.environ.get("PARALLEL_MODE", "data_parallel")
+sync = os.environ.get("SYNC_MODE", "sync")
+
+if framework == "pytorch":
+    if parallel != "data_parallel":
+        name = "pytorch_hybrid.py"
+    else:
+        name = "pytorch_horovod.py" if launcher == "horovod" else "pytorch_ddp.py"
+else:
+    if launcher == "horovod":
+        name = "keras_horovod.py"
+    else:
+        name = "tensorflow_ps.py" if sync == "async" else "tensorflow_mwms.py"
+
+sys.path.insert(0, here)
+sys.argv[0] = os.path.join(here, name)
+runpy.run_path(sys.argv[0], run_name="__main__")

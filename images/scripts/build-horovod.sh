@@ -1,0 +1,28 @@
+#!/bin/bash
+# build-horovod.sh VERSION PATCH_DIR WHEEL_DIR
+# Downloads the Horovod sdist, applies every PATCH_DIR/*.patch in order, and builds a
+# wheel into WHEEL_DIR. The HOROVOD_* build settings come from the environment.
+set -euo pipefail
+version="$1"; patches="$2"; out="$3"
+here="$(dirname "$0")"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$here/pip.sh" download --no-deps --no-binary :all: --dest "$work" "horovod==${version}"
+tar -xzf "$work/horovod-${version}.tar.gz" -C "$work"
+src="$work/horovod-${version}"
+for patch in "$patches"/*.patch; do
+    echo "applying $(basename "$patch")"
+    patch --directory "$src" --strip 1 --forward --input "$patch"
+done
+
+if [ "${HOROVOD_GPU_OPERATIONS:-}" = "NCCL" ]; then
+    # The nvidia-nccl-cu12 wheel ships include/nccl.h and lib/libnccl.so.2 but no
+    # libnccl.so, which the linker needs: add the link, point Horovod's CMake at it.
+    purelib="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    export HOROVOD_NCCL_HOME="$purelib/nvidia/nccl"
+    ln -sf libnccl.so.2 "$HOROVOD_NCCL_HOME/lib/libnccl.so"
+fi
+
+export MAKEFLAGS="-j$(nproc)"
+"$here/pip.sh" wheel --no-deps --no-build-isolation --wheel-dir "$out" "$src"
