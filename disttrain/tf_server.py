@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 
 
 def main() -> int:
@@ -20,9 +22,13 @@ def main() -> int:
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"],
                                   protocol=resolver.rpc_layer or "grpc", start=True)
     print(f"serving {task['type']} {task['index']} at {server.target}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server.join()
-    return 0
+    # server.join() blocks inside TensorFlow, where Python signal handlers never run: keep
+    # the main thread in Python and leave at once on SIGTERM (the server holds no state
+    # worth flushing; the chief owns the model).
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    threading.Thread(target=server.join, daemon=True).start()
+    while True:
+        time.sleep(3600)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,10 @@ def _nccl_env(env: dict) -> dict[str, str]:
 def load_config(env: dict[str, str], frameworks: list[str], launchers: list[str],
                 script_args: tuple[str, ...] = (), sources: dict[str, str] | None = None) -> Config:
     """Validate every variable. `frameworks`/`launchers` are what the image carries."""
-    framework = _choice(env, "FRAMEWORK", FRAMEWORKS, "pytorch")
+    framework = (env.get("FRAMEWORK") or "pytorch").strip().lower()
+    if framework not in FRAMEWORKS:
+        raise _fail("FRAMEWORK", env["FRAMEWORK"], "allowed: " + ", ".join(frameworks)
+                    + ("" if "mxnet" in frameworks else " (mxnet: not in this image)"))
     if framework not in frameworks:
         if framework == "mxnet":
             raise ConfigError("FRAMEWORK='mxnet': MXNet is retired upstream (Apache attic, 2023) and this "

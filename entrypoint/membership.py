@@ -28,6 +28,17 @@ from .config import Config
 from .plan import NodeInfo
 
 
+def _probe(host: str, port: int) -> str | None:
+    """None if host:port accepts a TCP connection now, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return None
+    except socket.gaierror:
+        return f"{host!r} does not resolve (yet)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
 class RendezvousError(Exception):
     """Rendezvous failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for."""
 
@@ -58,14 +69,17 @@ class JobStore:
             return
         last = "no attempt"
         while time.monotonic() < deadline:
-            remaining = max(1.0, min(10.0, deadline - time.monotonic()))
-            try:
-                self.store = TCPStore(c.master_addr, c.master_port, is_master=False, wait_for_workers=False,
-                                      timeout=dt.timedelta(seconds=remaining))
-                return
-            except (RuntimeError, ValueError) as exc:   # not resolvable / refused / timed out
-                last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                time.sleep(1.0)
+            # Probe quietly first (DNS, then TCP): TCPStore logs every failed attempt with a
+            # C++ stack trace, and a worker routinely starts before its master.
+            last = _probe(c.master_addr, c.master_port)
+            if last is None:
+                try:
+                    self.store = TCPStore(c.master_addr, c.master_port, is_master=False, wait_for_workers=False,
+                                          timeout=dt.timedelta(seconds=max(5.0, c.rdzv_timeout)))
+                    return
+                except (RuntimeError, ValueError) as exc:
+                    last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            time.sleep(1.0)
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after "
                               f"RDZV_TIMEOUT={c.rdzv_timeout}s (is the master running and the port "
                               f"reachable?); last error: {last}")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,6 +24,14 @@ from .plan import ProcessSpec
 
 POLL_INTERVAL = 0.2
 STORE_INTERVAL = 1.0
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the supervisor dies (PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def exit_code(returncode: int) -> int:
@@ -74,7 +83,8 @@ class Supervisor:
         for spec in specs:
             env = {**base_env, **spec.env}
             proc = subprocess.Popen(list(spec.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
             self.children.append((spec, proc))
             pump = threading.Thread(target=self._pump, args=(spec, proc.stdout), daemon=True)
             pump.start()

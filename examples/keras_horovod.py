@@ -4,7 +4,6 @@ Horovod's own API only. Keras 3 breaks this path ('Variable' object has no attri
 'ref'); the entrypoint's TF_USE_LEGACY_KERAS=1 makes tf.keras the Keras 2 API it needs.
 """
 
-import argparse
 import os
 import pickle
 
@@ -15,11 +14,7 @@ import tensorflow as tf
 
 import synthetic
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=60)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-args = parser.parse_args()
+args = synthetic.arguments()
 
 hvd.init()
 keras = tf.keras
@@ -48,9 +43,12 @@ def full_loss() -> float:
 
 hvd_tf.broadcast_variables(model.variables, root_rank=0)   # every rank starts from rank 0's weights
 before = full_loss()
+synthetic.started(hvd.rank(), start)
 if start < args.steps:
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch_size)
-    model.fit(data, epochs=1, steps_per_epoch=args.steps - start, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=args.steps - start,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: synthetic.pause(args))],
+              verbose=0)
 weights = model.get_weights()
 if hvd.rank() == 0 and start < args.steps:
     os.makedirs(os.path.dirname(ckpt), exist_ok=True)

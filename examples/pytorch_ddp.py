@@ -1,7 +1,6 @@
 """PyTorch data-parallel training with the image's API (DDP under torchrun; local SGD when
 SYNC_MODE=async). Checkpoints on rank 0 and resumes from CHECKPOINT_DIR."""
 
-import argparse
 
 import torch
 from torch import nn
@@ -11,12 +10,7 @@ from disttrain import checkpoint, context
 from disttrain import torch as dt
 from disttrain.lr import scale_lr
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=60)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-parser.add_argument("--checkpoint-every", type=int, default=20)
-args = parser.parse_args()
+args = synthetic.arguments()
 
 info = dt.init()
 rank, world = dt.rank(), dt.world_size()
@@ -45,7 +39,9 @@ def full_loss() -> float:
 before = full_loss()
 ddp = dt.wrap_model(model)
 optimizer = dt.wrap_optimizer(optimizer, ddp)
+synthetic.started(rank, start)
 for step in range(start, args.steps):
+    synthetic.pause(args)
     bx, by = synthetic.batches(x, y, args.batch_size, step)
     loss = nn.functional.mse_loss(ddp(torch.from_numpy(bx).to(device)), torch.from_numpy(by).to(device))
     optimizer.zero_grad()

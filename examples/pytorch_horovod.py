@@ -1,7 +1,6 @@
 """PyTorch + Horovod with Horovod's own API only (hvd.init, DistributedOptimizer,
 broadcast). Under LAUNCHER=horovod the entrypoint set up rendezvous; no SSH, no horovodrun."""
 
-import argparse
 import hashlib
 import os
 
@@ -11,11 +10,7 @@ from torch import nn
 
 import synthetic
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=60)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-args = parser.parse_args()
+args = synthetic.arguments()
 
 hvd.init()
 device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
@@ -47,7 +42,9 @@ def full_loss() -> float:
 
 
 before = full_loss()
+synthetic.started(hvd.rank(), start)
 for step in range(start, args.steps):
+    synthetic.pause(args)
     bx, by = synthetic.batches(x, y, args.batch_size, step)
     loss = nn.functional.mse_loss(model(torch.from_numpy(bx).to(device)), torch.from_numpy(by).to(device))
     optimizer.zero_grad()

@@ -5,12 +5,34 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import time
 
 import numpy as np
 
 FEATURES = 16
+
+
+def arguments() -> argparse.Namespace:
+    """The options every example takes (arguments after the image name reach them)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60, help="total optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
+    parser.add_argument("--lr", type=float, default=0.05, help="single-process learning rate")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (demos)")
+    return parser.parse_args()
+
+
+def started(rank: int, step: int) -> None:
+    print(f"TRAINING rank={rank} from_step={step}", flush=True)
+
+
+def pause(args: argparse.Namespace) -> None:
+    if args.step_delay > 0:
+        time.sleep(args.step_delay)
 
 
 def make(samples: int = 4096, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,6 @@ Only TensorFlow's own API: the entrypoint wrote TF_CONFIG after the nodes exchan
 addresses. tf.keras is tf-keras (Keras 2) because the entrypoint set TF_USE_LEGACY_KERAS=1.
 """
 
-import argparse
 import json
 import os
 import pickle
@@ -14,11 +13,7 @@ import tensorflow as tf
 
 import synthetic
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=60)
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--lr", type=float, default=0.05)
-args = parser.parse_args()
+args = synthetic.arguments()
 
 tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
 workers = tf_config.get("cluster", {}).get("worker", [])
@@ -49,11 +44,14 @@ def full_loss() -> float:
 
 
 before = full_loss()
+synthetic.started(index, start)
 if start < args.steps:
     data = tf.data.Dataset.from_tensor_slices((x_all, y_all)).repeat().batch(args.batch_size * world)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    model.fit(data.with_options(options), epochs=1, steps_per_epoch=args.steps - start, verbose=0)
+    model.fit(data.with_options(options), epochs=1, steps_per_epoch=args.steps - start,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: synthetic.pause(args))],
+              verbose=0)
 weights = model.get_weights()
 if index == 0 and start < args.steps:
     os.makedirs(os.path.dirname(ckpt), exist_ok=True)
