@@ -91,6 +91,8 @@ DISTRO_PYTHON: dict[str, str] = {"bookworm": "3.11", "trixie": "3.13"}
 # Debian trixie non-free ships nvidia-cuda-toolkit 12.4. Code it compiles runs on any
 # CUDA 12.x runtime >= 12.4 (CUDA minor-version compatibility).
 BUILDER_NVCC: dict[str, str] = {"trixie": "12.4"}
+# nvcc 12.4 accepts GCC <= 13; trixie's default is GCC 14, so CUDA code uses this one.
+BUILDER_CUDA_HOST_CXX: dict[str, str] = {"trixie": "/usr/bin/g++-13"}
 
 # Horovod releases whose patches live in images/patches/horovod-<version>/.
 HOROVOD_PATCHED = ("0.28.1",)

@@ -145,6 +145,7 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
             ("HOROVOD_CUDA_HOME", "/usr"),
             ("HOROVOD_NCCL_LINK", "SHARED"),
             ("HOROVOD_BUILD_CUDA_CC_LIST", ",".join(a.replace(".", "") for a in v.cuda.arch_list)),
+            ("CUDAHOSTCXX", compat.BUILDER_CUDA_HOST_CXX[v.distro]),
         ]
     return env
 

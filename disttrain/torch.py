@@ -88,7 +88,12 @@ def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
     ddp = DDP(model, device_ids=ids)
     if info.sync_mode == "async":
         from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local_sgd
-        state = local_sgd.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=info.sync_period)
+        # After the warm-up, gradients are averaged only inside a node (the subgroup) and the
+        # model across nodes every SYNC_PERIOD steps. torch derives the subgroup from the
+        # CUDA device count; on CPU it is given: this node's processes.
+        subgroup = None if torch.cuda.is_available() else dist.new_subgroups(group_size=info.local_world_size)[0]
+        state = local_sgd.PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                            start_localSGD_iter=info.sync_period)
         ddp.register_comm_hook(state, local_sgd.post_localSGD_hook)
     return ddp
 

@@ -59,7 +59,8 @@ VARIABLES = (
     Var("PEER_TIMEOUT", "20", "seconds without a heartbeat before a node counts as dead"),
     Var("GRACE_PERIOD", "8", "seconds between SIGTERM and SIGKILL when stopping the workers"),
     Var("RUN_ID", "disttrain", "rendezvous id; the same on every node of one job"),
-    Var("HOROVOD_PORT", None, "port of Horovod's rendezvous server on the master; default MASTER_PORT+1"),
+    Var("HOROVOD_PORT", None, "master only: port of Horovod's rendezvous server; default MASTER_PORT+1 "
+                            "(workers learn it at rendezvous)"),
     Var("NODE_ADDR", None, "address other nodes reach this node at; default: the one routing to MASTER_ADDR"),
     Var("NET_IFNAME", None, "network interface for NCCL/Gloo/Horovod; default: the one routing to MASTER_ADDR"),
     Var("WORKER_PORT_BASE", None, "TensorFlow: fixed worker ports (base + local rank); default: free ports"),

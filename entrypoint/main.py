@@ -115,17 +115,17 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
         store.publish(me)
         say(f"node {node_rank} of {c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'}: "
             f"address {node_addr}, interface {iface or '(auto)'}, {plan.nproc} process(es)")
-        nodes = [me]
+        nodes, horovod_port = [me], c.horovod_port
         if plan.rendezvous.exchange:
             nodes = store.wait_for_nodes(c.num_nodes, deadline)
             if master:
                 if plan.rendezvous.horovod_server:
                     server = HorovodRendezvous(nodes, c.horovod_port)
-                store.announce_launch()
+                store.announce_launch(horovod_port=server.port if server else None)
             else:
-                store.wait_for_launch(deadline)
+                horovod_port = store.wait_for_launch(deadline).get("horovod_port") or horovod_port
         specs = plan_processes(plan, nodes, node_rank, iface=iface, horovod_addr=c.master_addr,
-                               horovod_port=c.horovod_port, master_port=c.master_port)
+                               horovod_port=horovod_port, master_port=c.master_port)
     except Interrupted as exc:
         store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous")
         return 128 + exc.signum

@@ -9,7 +9,7 @@ torchrun. On top of it, under the prefix `disttrain/<RUN_ID>/`:
     node/<k>/info    its address, process count and ports (NodeInfo JSON)
     node/<k>/hb      heartbeat counter, bumped every second
     node/<k>/exit    its exit code, when its processes are done
-    job/launch       the master's go: every node has joined (and Horovod's server is up)
+    job/launch       the master's go: every node has joined, Horovod's server is up (its port)
     job/abort        why the job is being stopped; every node stops its processes
 
 A node whose heartbeat stops for PEER_TIMEOUT seconds, a non-zero exit, or a master that
@@ -19,6 +19,7 @@ can no longer be reached ends the job on every node, so nothing waits for a dead
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import socket
 import time
@@ -137,10 +138,12 @@ class JobStore:
             self.beat()
             time.sleep(0.2)
 
-    def announce_launch(self) -> None:
-        self.store.set(self._key("job/launch"), "1")
+    def announce_launch(self, horovod_port: int | None = None) -> None:
+        """Every node is in; workers may start. Carries the master's Horovod port, so only
+        the master needs HOROVOD_PORT."""
+        self.store.set(self._key("job/launch"), json.dumps({"horovod_port": horovod_port}))
 
-    def wait_for_launch(self, deadline: float) -> None:
+    def wait_for_launch(self, deadline: float) -> dict:
         while not self._has("job/launch"):
             if self._has("job/abort"):
                 raise RendezvousError(f"job aborted during rendezvous: {self._get('job/abort')}")
@@ -149,6 +152,7 @@ class JobStore:
                                       f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
             self.beat()
             time.sleep(0.2)
+        return json.loads(self._get("job/launch"))
 
     # ----------------------------------------------------------------- watching
     def beat(self) -> None:

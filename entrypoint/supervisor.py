@@ -126,10 +126,9 @@ class Supervisor:
                 name = signal.Signals(self.signal_received).name
                 self.say(f"{name} received: stopping {len(self.children)} process(es)")
                 self.stop_all(signal.SIGTERM)
-                failed = [exit_code(p.returncode) for s, p in critical
-                          if p.returncode not in (0, -signal.SIGTERM, -signal.SIGINT, None)
-                          and exit_code(p.returncode) not in (128 + signal.SIGTERM, 128 + signal.SIGINT)]
-                return failed[0] if failed else 128 + self.signal_received
+                # The children's codes now only echo the signal (torchrun exits 1 on SIGTERM):
+                # report the signal itself, as a shell would.
+                return 128 + self.signal_received
             for spec, proc in critical:
                 code = proc.poll()
                 if code is not None and code != 0:

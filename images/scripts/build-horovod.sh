@@ -24,5 +24,6 @@ if [ "${HOROVOD_GPU_OPERATIONS:-}" = "NCCL" ]; then
     ln -sf libnccl.so.2 "$HOROVOD_NCCL_HOME/lib/libnccl.so"
 fi
 
-export MAKEFLAGS="-j$(nproc)"
+# -k: report every file that fails, not just the first.
+export MAKEFLAGS="-j$(nproc) -k"
 "$here/pip.sh" wheel --no-deps --no-build-isolation --wheel-dir "$out" "$src"

@@ -1,0 +1,12 @@
+"""Shared test configuration.
+
+Markers (pyproject.toml): `e2e` runs real multi-process training on this machine;
+`docker` needs a Docker engine and the image built by build.py. CI runs them all.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -1,0 +1,113 @@
+"""Start entrypoint processes as the nodes of a job on this machine (loopback).
+
+Node k runs `python -m entrypoint.main` with NODE_ADDR=127.0.0.(k+1); the master serves
+the job store on 127.0.0.1. Every process is real: torchrun, Horovod, TensorFlow, gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
+                       r"loss_after=([\d.]+) digest=(\w+)(.*)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    framework: str
+    rank: int
+    world: int
+    before: float
+    after: float
+    digest: str
+    extra: str
+
+
+def results(output: str) -> list[Result]:
+    return [Result(m[1], int(m[2]), int(m[3]), float(m[4]), float(m[5]), m[6], m[7].strip())
+            for m in RESULT_RE.finditer(output)]
+
+
+class Node:
+    def __init__(self, env: dict[str, str], args: list[str], log: Path):
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "entrypoint.main", *args], env=env,
+                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def kill_tree(self) -> None:
+        """The node dies: the entrypoint and every process it started (as a container would)."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        for p in [root] + root.children(recursive=True):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def base_env(tmp: Path, **env) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV")}
+    if os.geteuid() == 0:       # the image runs as a user; a root test machine must opt in for mpirun
+        keep.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return {**keep, "PYTHONPATH": str(ROOT), "ENTRYPOINT": str(ROOT / "examples" / "train.py"),
+            "CHECKPOINT_DIR": str(tmp / "checkpoints"), "DATA_DIR": str(tmp / "data"), "RDZV_TIMEOUT": "90",
+            "GRACE_PERIOD": "5", **{k: str(v) for k, v in env.items()}}
+
+
+def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
+    port = free_port()
+    started = []
+    for k in range(nodes):
+        node_env = base_env(tmp, NUM_NODES=nodes, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                            HOROVOD_PORT=free_port(), **env)
+        if nodes > 1:
+            node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
+                            NODE_ADDR=f"127.0.0.{k + 1}")
+        started.append(Node(node_env, args, tmp / f"node{k}.log"))
+    return started
+
+
+def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, **env) -> tuple[list[int], str]:
+    job = start_job(tmp, nodes, args, **env)
+    try:
+        codes = [node.wait(timeout) for node in job]
+    finally:
+        for node in job:
+            if node.proc.poll() is None:
+                os.killpg(node.proc.pid, signal.SIGKILL)
+    return codes, "\n".join(node.output for node in job)
+
+
+def wait_for(node: Node, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in node.output:
+            return
+        if node.proc.poll() is not None:
+            raise AssertionError(f"node exited ({node.proc.returncode}) before {text!r}:\n{node.output[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen within {timeout}s:\n{node.output[-3000:]}")

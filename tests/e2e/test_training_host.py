@@ -1,0 +1,115 @@
+"""Real multi-process training through the entrypoint, without Docker.
+
+Two "nodes" are two entrypoint processes on distinct loopback addresses. Each run must end
+with identical parameters on every rank and a lower loss.
+"""
+
+import signal
+import time
+
+import pytest
+
+from tests.e2e.cluster import results, run_job, start_job, wait_for
+
+pytestmark = pytest.mark.e2e
+
+PATHS = [("pytorch", "native"), ("pytorch", "horovod"), ("tensorflow", "native"), ("keras", "horovod")]
+SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
+
+
+def check_trained(output: str, world: int):
+    found = results(output)
+    assert sorted(r.rank for r in found) == list(range(world)), output[-4000:]
+    assert len({r.digest for r in found}) == 1, f"replicas disagree: {[(r.rank, r.digest) for r in found]}"
+    for r in found:
+        assert r.world == world
+        assert r.after < 0.5 * r.before, f"loss did not go down: {r}"
+    return found
+
+
+@pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
+@pytest.mark.parametrize("framework, launcher", PATHS, ids=[f"{f}-{l}" for f, l in PATHS])
+def test_training_converges_and_replicas_agree(tmp_path, framework, launcher, nodes, nproc):
+    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], FRAMEWORK=framework, LAUNCHER=launcher,
+                            NPROC_PER_NODE=nproc)
+    assert codes == [0] * nodes, output[-4000:]
+    check_trained(output, nodes * nproc)
+
+
+def test_hybrid_parallel_2x2_mesh_on_4_processes(tmp_path):
+    codes, output = run_job(tmp_path, 1, ["--steps", "40"], PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+    assert codes == [0], output[-4000:]
+    found = results(output)
+    assert len(found) == 4
+    by_tp = {}
+    for r in found:
+        tp = r.extra.split("tp=")[1].split()[0]
+        by_tp.setdefault(tp, set()).add(r.digest)
+        assert r.after < 0.5 * r.before
+    assert len(by_tp) == 2 and all(len(d) == 1 for d in by_tp.values()), by_tp   # dp replicas agree
+    assert len(set.union(*by_tp.values())) == 2                                    # tp shards differ
+
+
+def test_pytorch_async_local_sgd(tmp_path):
+    codes, output = run_job(tmp_path, 2, ["--steps", "40"], SYNC_MODE="async", SYNC_PERIOD=4)
+    assert codes == [0, 0], output[-4000:]
+    found = check_trained(output, 2)
+    assert all("sync=async" in r.extra for r in found)
+
+
+def test_tensorflow_async_parameter_servers(tmp_path):
+    codes, output = run_job(tmp_path, 2, ["--steps", "40"], FRAMEWORK="tensorflow", SYNC_MODE="async")
+    assert codes == [0, 0], output[-4000:]
+    [chief] = results(output)
+    assert chief.framework == "tensorflow-ps" and chief.world == 2 and chief.after < 0.5 * chief.before
+    assert "serving ps 0" in output and "serving worker 1" in output
+
+
+def test_mpi_launcher_single_node(tmp_path):
+    codes, output = run_job(tmp_path, 1, ["--steps", "40"], LAUNCHER="mpi", NPROC_PER_NODE=2)
+    assert codes == [0], output[-4000:]
+    check_trained(output, 2)
+
+
+def test_ranks_are_assigned_at_rendezvous_without_node_rank(tmp_path):
+    codes, output = run_job(tmp_path, 3, ["--steps", "20"], LAUNCHER="horovod")
+    assert codes == [0, 0, 0], output[-4000:]
+    assert {"node 1 of 3", "node 2 of 3"} <= {line.split(": ", 1)[1][:11] for line in output.splitlines()
+                                               if line.startswith("entrypoint: node ")}
+    check_trained(output, 3)
+
+
+@pytest.mark.parametrize("framework, launcher", PATHS, ids=[f"{f}-{l}" for f, l in PATHS])
+def test_killed_worker_ends_every_process_within_30s(tmp_path, framework, launcher):
+    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
+                    FRAMEWORK=framework, LAUNCHER=launcher)
+    master, worker = job
+    wait_for(master, "TRAINING", 120)
+    time.sleep(2)
+    killed_at = time.monotonic()
+    worker.kill_tree()
+    code = master.wait(timeout=60)
+    assert code != 0
+    assert time.monotonic() - killed_at < 30, master.output[-3000:]
+
+
+def test_sigterm_stops_the_node_within_the_grace_period(tmp_path):
+    [node] = start_job(tmp_path, 1, ["--steps", "100000", "--step-delay", "0.01"], NPROC_PER_NODE=2,
+                       GRACE_PERIOD=5)
+    wait_for(node, "TRAINING", 120)
+    sent = time.monotonic()
+    node.proc.send_signal(signal.SIGTERM)
+    code = node.wait(timeout=30)
+    assert code == 143 and time.monotonic() - sent < 5 + 3, node.output[-2000:]
+    assert "SIGTERM received" in node.output
+
+
+def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(tmp_path):
+    job = start_job(tmp_path, 2, [], RDZV_TIMEOUT=6)
+    worker = job[1]
+    job[0].kill_tree()                                  # the master never comes up
+    started = time.monotonic()
+    code = worker.wait(timeout=60)
+    elapsed = time.monotonic() - started
+    assert code == 3 and 5 <= elapsed < 20, worker.output
+    assert "127.0.0.1:" in worker.output and "RDZV_TIMEOUT=6s" in worker.output

@@ -1,0 +1,51 @@
+"""The docker command line for a build: BuildKit, overrides for build farms, labels, tags."""
+
+from pathlib import Path
+
+from buildsys.docker_build import BuildOptions, DockerCli, base_image_for, build_command, parse_base_images
+from buildsys.matrix import load_matrix
+from tests.conftest import ROOT
+
+MATRIX = load_matrix(ROOT / "matrix.yaml")
+CPU = MATRIX.variants["cpu"]
+
+
+def args_of(cmd, flag):
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
+
+
+def test_base_image_overrides_by_distro_or_for_all():
+    overrides = parse_base_images(["bookworm=reg.local/debian:bookworm", "trixie=reg.local/debian:trixie"])
+    assert base_image_for(CPU, BuildOptions(base_images=overrides)) == "reg.local/debian:bookworm"
+    assert base_image_for(MATRIX.variants["cu124"], BuildOptions(base_images=overrides)) == "reg.local/debian:trixie"
+    assert base_image_for(CPU, BuildOptions(base_images=parse_base_images(["reg:5000/deb:12"]))) == "reg:5000/deb:12"
+    assert base_image_for(CPU, BuildOptions()) == "debian:bookworm-slim"
+
+
+def test_legacy_client_build_has_buildkit_features():
+    options = BuildOptions(ca_cert=Path("/etc/ssl/ca.pem"), pip_index_url="https://pypi.internal/simple",
+                           apt_mirror="http://mirror.internal/debian", revision="abc123",
+                           created="2026-01-01T00:00:00Z")
+    cmd = build_command(DockerCli("/usr/bin/docker", buildx=False), CPU, ["r:cpu", "r:latest"], Path("/ctx"), options)
+    assert cmd[:2] == ["/usr/bin/docker", "build"] and "--load" not in cmd
+    assert args_of(cmd, "--secret") == ["id=ca_cert,src=/etc/ssl/ca.pem"]
+    assert "PIP_INDEX_URL=https://pypi.internal/simple" in args_of(cmd, "--build-arg")
+    assert "APT_MIRROR=http://mirror.internal/debian" in args_of(cmd, "--build-arg")
+    assert args_of(cmd, "--tag") == ["r:cpu", "r:latest"]
+    assert "org.opencontainers.image.revision=abc123" in args_of(cmd, "--label")
+    assert "org.opencontainers.image.created=2026-01-01T00:00:00Z" in args_of(cmd, "--label")
+    assert args_of(cmd, "--target") == ["runtime"] and cmd[-1] == "/ctx"
+
+
+def test_ca_certificate_is_never_a_build_arg():
+    cmd = build_command(DockerCli("docker", buildx=True), CPU, ["r:cpu"], Path("/ctx"),
+                        BuildOptions(ca_cert=Path("/x/ca.pem")))
+    assert not any("ca.pem" in a for a in args_of(cmd, "--build-arg"))
+    assert cmd[1:3] == ["buildx", "build"] and "--load" in cmd
+
+
+def test_export_wheels_targets_the_wheels_stage():
+    cmd = build_command(DockerCli("docker", buildx=False), CPU, [], Path("/ctx"), BuildOptions(),
+                        target="wheels", output="type=local,dest=/out")
+    assert args_of(cmd, "--target") == ["wheels"] and args_of(cmd, "--output") == ["type=local,dest=/out"]
+    assert "--tag" not in cmd

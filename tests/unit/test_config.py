@@ -1,0 +1,151 @@
+"""The environment contract: every variable validated, one clear line per bad value."""
+
+import pytest
+
+from entrypoint.config import VARIABLE_NAMES, ConfigError, load_config
+
+FRAMEWORKS = ["pytorch", "tensorflow", "keras"]
+LAUNCHERS = ["native", "horovod", "mpi"]
+
+
+def config(**env):
+    return load_config({k: str(v) for k, v in env.items()}, FRAMEWORKS, LAUNCHERS)
+
+
+def error(**env) -> str:
+    with pytest.raises(ConfigError) as info:
+        config(**env)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+DISTRIBUTED = dict(TRAIN_MODE="distributed", NUM_NODES=2, MASTER_ADDR="master")
+
+
+def test_defaults_are_a_local_pytorch_run():
+    c = config()
+    assert (c.framework, c.train_mode, c.role, c.node_rank, c.launcher) == ("pytorch", "local", "master", 0, "native")
+    assert c.master_port == 29500 and c.horovod_port == 29501 and c.entrypoint == "/app/code/train.py"
+    assert c.data_dir == "/app/data" and c.nproc_per_node is None and c.rdzv_timeout == 300
+
+
+def test_distributed_is_implied_by_num_nodes_and_role():
+    c = config(NUM_NODES=2, ROLE="worker", MASTER_ADDR="10.0.0.1")
+    assert c.train_mode == "distributed" and c.role == "worker" and c.node_rank is None
+
+
+def test_role_from_node_rank():
+    assert config(**DISTRIBUTED, NODE_RANK=0).role == "master"
+    assert config(**DISTRIBUTED, NODE_RANK=1).role == "worker"
+
+
+@pytest.mark.parametrize("env, names, allowed", [
+    (dict(FRAMEWORK="jax"), "FRAMEWORK='jax'", "pytorch, tensorflow, keras"),
+    (dict(TRAIN_MODE="cluster"), "TRAIN_MODE='cluster'", "local, distributed"),
+    (dict(ROLE="boss", NUM_NODES=2, MASTER_ADDR="m"), "ROLE='boss'", "master, worker"),
+    (dict(NUM_NODES="two"), "NUM_NODES='two'", "integer >= 1"),
+    (dict(NUM_NODES=0), "NUM_NODES='0'", "integer >= 1"),
+    (dict(NODE_RANK=-1, **DISTRIBUTED), "NODE_RANK='-1'", "integer >= 0"),
+    (dict(NODE_RANK=5, **DISTRIBUTED), "NODE_RANK='5'", "< NUM_NODES (2)"),
+    (dict(MASTER_ADDR="bad host!", **{k: v for k, v in DISTRIBUTED.items() if k != "MASTER_ADDR"}),
+     "MASTER_ADDR='bad host!'", "host name or IP"),
+    (dict(MASTER_PORT=70000), "MASTER_PORT='70000'", "<= 65535"),
+    (dict(MASTER_PORT="http"), "MASTER_PORT='http'", "integer"),
+    (dict(NPROC_PER_NODE=0), "NPROC_PER_NODE='0'", "integer >= 1"),
+    (dict(PARALLEL_MODE="pipeline"), "PARALLEL_MODE='pipeline'", "data_parallel, model_parallel, hybrid"),
+    (dict(TP_SIZE=2), "TP_SIZE='2'", "data_parallel has no model-parallel"),
+    (dict(TP_SIZE="x", PARALLEL_MODE="hybrid"), "TP_SIZE='x'", "integer >= 1"),
+    (dict(LAUNCHER="deepspeed"), "LAUNCHER='deepspeed'", "native, horovod, mpi"),
+    (dict(SYNC_MODE="eventually"), "SYNC_MODE='eventually'", "sync, async"),
+    (dict(SYNC_MODE="async", LAUNCHER="horovod"), "SYNC_MODE='async'", "allowed: sync"),
+    (dict(SYNC_PERIOD=0), "SYNC_PERIOD='0'", "integer >= 1"),
+    (dict(NUM_PS=0), "NUM_PS='0'", "integer >= 1"),
+    (dict(MIN_NODES=3, MAX_NODES=2, TRAIN_MODE="distributed", MASTER_ADDR="m", ROLE="master"),
+     "MIN_NODES='3'", "<= MAX_NODES"),
+    (dict(MIN_NODES=1, TRAIN_MODE="distributed", MASTER_ADDR="m", ROLE="master"), "MIN_NODES='1'", "MAX_NODES"),
+    (dict(MAX_RESTARTS=-1), "MAX_RESTARTS='-1'", "integer >= 0"),
+    (dict(MAX_RESTARTS=2, LAUNCHER="horovod"), "MAX_RESTARTS='2'", "allowed here: 0"),
+    (dict(RDZV_TIMEOUT=0), "RDZV_TIMEOUT='0'", "integer >= 1"),
+    (dict(PEER_TIMEOUT=1), "PEER_TIMEOUT='1'", "integer >= 2"),
+    (dict(GRACE_PERIOD="soon"), "GRACE_PERIOD='soon'", "integer >= 0"),
+    (dict(RUN_ID="a b"), "RUN_ID='a b'", "letters, digits"),
+    (dict(HOROVOD_PORT=29500), "HOROVOD_PORT='29500'", "must differ from MASTER_PORT"),
+    (dict(NODE_ADDR="@@"), "NODE_ADDR='@@'", "host name or IP"),
+    (dict(NET_IFNAME="eth0; rm"), "NET_IFNAME='eth0; rm'", "interface name"),
+    (dict(WORKER_PORT_BASE=80), "WORKER_PORT_BASE='80'", "integer >= 1024"),
+    (dict(HOSTFILE="/h"), "HOSTFILE='/h'", "LAUNCHER=mpi"),
+    (dict(IB_HCA="mlx5 0"), "IB_HCA='mlx5 0'", "mlx5_0:1"),
+    (dict(GPU_DIRECT_RDMA="maybe"), "GPU_DIRECT_RDMA='maybe'", "0, 1"),
+    (dict(P2P_DISABLE="2"), "P2P_DISABLE='2'", "0, 1"),
+    (dict(COMM_DEBUG="loud"), "COMM_DEBUG='loud'", "off, warn, info, trace"),
+    (dict(EXPLAIN="please"), "EXPLAIN='please'", "0, 1"),
+])
+def test_bad_value_names_variable_value_and_allowed(env, names, allowed):
+    message = error(**env)
+    assert names in message and allowed in message
+
+
+def test_every_variable_is_documented_in_the_readme():
+    readme = (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "README.md").read_text()
+    missing = [name for name in VARIABLE_NAMES if f"`{name}`" not in readme]
+    assert not missing, f"README lacks {missing}"
+
+
+def test_mxnet_is_refused_with_a_reason():
+    assert "MXNet is retired" in error(FRAMEWORK="mxnet")
+
+
+def test_framework_not_in_this_image():
+    with pytest.raises(ConfigError, match="not in this image; allowed here: pytorch"):
+        load_config({"FRAMEWORK": "tensorflow"}, ["pytorch"], LAUNCHERS)
+
+
+def test_distributed_needs_master_addr():
+    assert "MASTER_ADDR is not set" in error(TRAIN_MODE="distributed", NUM_NODES=2, ROLE="worker")
+
+
+def test_distributed_needs_role_or_node_rank():
+    assert "ROLE is not set" in error(TRAIN_MODE="distributed", NUM_NODES=2, MASTER_ADDR="m")
+
+
+def test_master_is_node_zero():
+    assert "the master is node 0" in error(**DISTRIBUTED, ROLE="master", NODE_RANK=1)
+    assert "0 is the master's rank" in error(**DISTRIBUTED, ROLE="worker", NODE_RANK=0)
+
+
+def test_local_mode_runs_one_node():
+    assert "TRAIN_MODE=local runs one node" in error(TRAIN_MODE="local", NUM_NODES=2)
+
+
+def test_hybrid_needs_tp_size():
+    assert "TP_SIZE is not set" in error(PARALLEL_MODE="hybrid")
+
+
+def test_model_parallel_is_pytorch_only():
+    assert "allowed: data_parallel" in error(FRAMEWORK="tensorflow", PARALLEL_MODE="hybrid", TP_SIZE=2)
+
+
+def test_elastic_is_torchrun_only():
+    assert "elastic training is torchrun's" in error(FRAMEWORK="tensorflow", TRAIN_MODE="distributed",
+                                                      MASTER_ADDR="m", ROLE="master", MIN_NODES=1, MAX_NODES=3)
+
+
+def test_multi_node_mpi_needs_a_hostfile():
+    assert "HOSTFILE is not set" in error(LAUNCHER="mpi", **DISTRIBUTED, ROLE="master")
+
+
+def test_nccl_tuning_variables_become_nccl_settings():
+    c = config(IB_HCA="mlx5_0:1", GPU_DIRECT_RDMA=1, P2P_DISABLE=1, COMM_DEBUG="info")
+    assert c.nccl_env == {"NCCL_IB_HCA": "mlx5_0:1", "NCCL_NET_GDR_LEVEL": "3", "NCCL_P2P_DISABLE": "1",
+                          "NCCL_DEBUG": "INFO"}
+
+
+def test_nccl_variable_conflict_is_an_error():
+    message = error(IB_HCA="mlx5_0:1", NCCL_IB_HCA="mlx5_1:1")
+    assert "IB_HCA='mlx5_0:1' conflicts with NCCL_IB_HCA='mlx5_1:1'" in message
+
+
+def test_script_arguments_pass_through():
+    c = load_config({}, FRAMEWORKS, LAUNCHERS, ("--steps", "5"))
+    assert c.script_args == ("--steps", "5")

@@ -1,0 +1,60 @@
+"""The in-image API's pure parts: who am I, learning-rate scaling, checkpoints."""
+
+import json
+import math
+
+import pytest
+
+from disttrain import checkpoint
+from disttrain.env import RankInfo
+from disttrain.lr import scale_lr, warmup_factor, warmup_lr
+
+
+def test_rank_from_torchrun():
+    info = RankInfo.from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                              "TP_SIZE": "2", "DP_SIZE": "2", "PARALLEL_MODE": "hybrid"})
+    assert (info.rank, info.world_size, info.local_rank, info.node_rank) == (3, 4, 1, 1)
+    assert (info.tp_size, info.dp_size, info.parallel_mode) == (2, 2, "hybrid")
+    assert not info.is_main
+
+
+def test_rank_from_horovod_and_mpirun():
+    assert RankInfo.from_env({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}).world_size == 2
+    assert RankInfo.from_env({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}).rank == 2
+
+
+def test_rank_from_tf_config():
+    tf_config = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "worker", "index": 1}}
+    info = RankInfo.from_env({"TF_CONFIG": json.dumps(tf_config)})
+    assert (info.rank, info.world_size) == (2, 3)
+
+
+def test_single_process_defaults():
+    info = RankInfo.from_env({})
+    assert (info.rank, info.world_size, info.dp_size) == (0, 1, 1) and info.is_main
+
+
+def test_lr_scaling():
+    assert scale_lr(0.1, 8) == pytest.approx(0.8)
+    assert scale_lr(0.1, 4, "sqrt") == pytest.approx(0.2)
+    assert scale_lr(0.1, 4, "none") == 0.1
+    with pytest.raises(ValueError, match="allowed: linear, sqrt, none"):
+        scale_lr(0.1, 4, "cubic")
+    assert [warmup_factor(s, 4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert warmup_lr(0, 0.1, 4, 4) == pytest.approx(0.1 + 0.3 * 0.25)
+    assert warmup_lr(10, 0.1, 4, 4) == pytest.approx(0.4)
+    assert math.isclose(warmup_lr(0, 0.1, 4, 0), 0.4)
+
+
+def test_checkpoint_rank0_writes_everyone_reads(tmp_path):
+    assert checkpoint.save({"w": 1}, 10, directory=str(tmp_path), rank=1) is None
+    assert checkpoint.latest(str(tmp_path)) is None
+    checkpoint.save({"w": 1}, 10, directory=str(tmp_path), rank=0)
+    checkpoint.save({"w": 2}, 20, directory=str(tmp_path), rank=0)
+    assert checkpoint.load_latest(str(tmp_path)) == (20, {"w": 2})
+
+
+def test_checkpoint_keeps_the_last_few_and_leaves_no_temp_files(tmp_path):
+    for step in range(1, 6):
+        checkpoint.save({"step": step}, step, directory=str(tmp_path), rank=0, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pkl", "ckpt-00000005.pkl"]

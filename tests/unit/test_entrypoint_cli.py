@@ -1,0 +1,67 @@
+"""`python -m entrypoint.main` with bad input: one line naming the variable, exit 2, and
+nothing started (no child process, no port, no file)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+BAD = [
+    {"FRAMEWORK": "mxnet"},
+    {"FRAMEWORK": "jax"},
+    {"TRAIN_MODE": "cluster"},
+    {"ROLE": "boss", "NUM_NODES": "2", "MASTER_ADDR": "m"},
+    {"NUM_NODES": "two"},
+    {"NODE_RANK": "9", "NUM_NODES": "2", "MASTER_ADDR": "m"},
+    {"TRAIN_MODE": "distributed", "NUM_NODES": "2", "ROLE": "worker"},
+    {"MASTER_PORT": "0"},
+    {"NPROC_PER_NODE": "lots"},
+    {"PARALLEL_MODE": "pipeline"},
+    {"PARALLEL_MODE": "hybrid", "TP_SIZE": "3", "NPROC_PER_NODE": "4"},
+    {"LAUNCHER": "ssh"},
+    {"SYNC_MODE": "later"},
+    {"ENTRYPOINT": "/nonexistent/train.py"},
+    {"MIN_NODES": "2", "MAX_NODES": "1", "ROLE": "master", "MASTER_ADDR": "m"},
+    {"MAX_RESTARTS": "x"},
+    {"RDZV_TIMEOUT": "-5"},
+    {"COMM_DEBUG": "verbose"},
+    {"PET_NNODES": "2", "NUM_NODES": "3"},
+]
+
+
+def entrypoint(env, *args, timeout=60):
+    full = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "ENTRYPOINT": str(ROOT / "examples/train.py"),
+            "CHECKPOINT_DIR": "/nonexistent/should-not-be-created", **env}
+    return subprocess.run([sys.executable, "-m", "entrypoint.main", *args], env=full, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("env", BAD, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
+def test_bad_input_is_one_line_exit_2_nothing_started(env):
+    started = time.monotonic()
+    result = entrypoint(env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    named = [k for k in env if k in lines[0]]
+    assert named, f"{lines[0]!r} names none of {list(env)}"
+    assert result.stdout == ""                 # nothing was launched
+    assert time.monotonic() - started < 20
+    assert not os.path.exists("/nonexistent/should-not-be-created")
+
+
+def test_explain_prints_the_plan_and_starts_nothing():
+    result = entrypoint({"EXPLAIN": "1", "FRAMEWORK": "tensorflow", "NUM_NODES": "2", "ROLE": "master",
+                         "MASTER_ADDR": "10.1.2.3", "NPROC_PER_NODE": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "MultiWorkerMirroredStrategy" in result.stdout and "TF_CONFIG=" in result.stdout
+    assert "job store 10.1.2.3:29500" in result.stdout
+
+
+def test_dry_run_flag_and_script_arguments():
+    result = entrypoint({"NPROC_PER_NODE": "2"}, "--dry-run", "--steps", "7")
+    assert result.returncode == 0 and "--standalone" in result.stdout and "--steps 7" in result.stdout

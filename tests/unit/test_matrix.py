@@ -1,0 +1,178 @@
+"""matrix.yaml validation: the real file loads; every kind of bad input is one clear error."""
+
+import copy
+
+import pytest
+import yaml
+
+from buildsys import compat
+from buildsys.matrix import MatrixError, deep_merge, load_matrix, parse_matrix
+from tests.conftest import ROOT
+
+RAW = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+
+
+def broken(mutate):
+    data = copy.deepcopy(RAW)
+    mutate(data)
+    with pytest.raises(MatrixError) as info:
+        parse_matrix(data)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_real_matrix_loads_with_the_required_variants():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    variants = matrix.variants
+    assert variants["cpu"].python == "3.11" and variants["cpu"].accelerator == "cpu"
+    assert compat.parse_version(variants["cpu"].pytorch.version) >= (2, 6)
+    assert variants["cpu"].keras() == "tf-keras"
+    assert set(variants["cpu"].horovod.controllers) == {"gloo", "mpi"}
+    assert variants["cu124"].cuda.version == "12.4" and variants["cu124"].pytorch.version.startswith("2.6")
+    newer = [v for v in variants.values() if v.cuda and compat.parse_version(v.cuda.version) > (12, 4)]
+    assert newer, "at least one CUDA 12.x newer than 12.4"
+    for v in variants.values():
+        if v.cuda:
+            assert v.horovod.gpu_operations == "nccl"
+    assert any(v.pytorch and not v.tensorflow for v in variants.values()), "a slim PyTorch-only variant"
+
+
+def test_defaults_merge_key_by_key():
+    assert deep_merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}}) == {"a": {"x": 1, "y": 3}, "b": 1}
+
+
+def test_unknown_key_names_variant_field_and_allowed_keys():
+    message = broken(lambda d: d["variants"]["cpu"].update(gpus=2))
+    assert "variant 'cpu'" in message and "field 'gpus'" in message and "allowed:" in message
+    assert "size_budget_gb" in message
+
+
+def test_unknown_nested_key():
+    message = broken(lambda d: d["variants"]["cpu"]["pytorch"].update(index="x"))
+    assert "field 'pytorch.index'" in message and "allowed: version" in message
+
+
+def test_unknown_top_level_key():
+    message = broken(lambda d: d.update(images=[]))
+    assert "'images'" in message and "allowed: defaults, repository, variants" in message
+
+
+def test_wrong_type_number_as_string():
+    message = broken(lambda d: d["variants"]["cpu"].update(size_budget_gb="big"))
+    assert "field 'size_budget_gb'" in message and "allowed: a number" in message
+
+
+def test_wrong_type_python_as_float():
+    message = broken(lambda d: d["variants"]["cpu"].update(python=3.11))
+    assert "field 'python'" in message and "allowed: a string" in message
+
+
+def test_wrong_type_list_as_string():
+    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(frameworks="pytorch"))
+    assert "field 'horovod.frameworks'" in message and "a list" in message
+
+
+def test_bad_enum_value_lists_choices():
+    message = broken(lambda d: d["variants"]["cpu"].update(accelerator="tpu"))
+    assert "'tpu'" in message and "'cpu', 'cuda'" in message
+
+
+def test_mxnet_is_not_a_horovod_framework():
+    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(frameworks=["mxnet"]))
+    assert "'mxnet'" in message and "'pytorch', 'tensorflow'" in message
+
+
+def test_missing_required_field():
+    message = broken(lambda d: d["variants"]["cu124"]["cuda"].pop("nccl"))
+    assert "field 'cuda.nccl'" in message and "required" in message
+
+
+def test_torch_cuda_mismatch():
+    message = broken(lambda d: d["variants"]["cu124"]["cuda"].update(version="12.8"))
+    assert "field 'cuda.version'" in message and "torch 2.6" in message and "12.4" in message
+
+
+def test_torch_pypi_wheel_is_another_cuda():
+    message = broken(lambda d: d["variants"]["cu124"]["cuda"].update(version="12.6"))
+    assert "field 'pytorch.version'" in message and "'2.6.0+cu126'" in message
+
+
+def test_cpu_variant_needs_cpu_torch():
+    message = broken(lambda d: d["variants"]["cpu"]["pytorch"].update(version="2.6.0"))
+    assert "field 'pytorch.version'" in message and "+cpu" in message
+
+
+def test_torch_pins_cudnn():
+    message = broken(lambda d: d["variants"]["cu124"]["cuda"].update(cudnn="9.3.0.75"))
+    assert "field 'cuda.cudnn'" in message and "9.1.0.70" in message
+
+
+def test_tensorflow_cuda_too_old():
+    def mutate(d):
+        d["variants"]["cu124"]["tensorflow"] = {"package": "tensorflow", "version": "2.20.0", "keras": "tf-keras"}
+        d["variants"]["cu124"]["horovod"]["frameworks"] = ["pytorch", "tensorflow"]
+    message = broken(mutate)
+    assert "field 'cuda.version'" in message and "TensorFlow 2.20" in message and "12.5" in message
+
+
+def test_tensorflow_python_mismatch():
+    message = broken(lambda d: d["variants"]["cu126"]["tensorflow"].update(version="2.19.0"))
+    assert "field 'tensorflow.version'" in message and "Python 3.13" in message and "3.9..3.12" in message
+
+
+def test_keras3_with_horovod_is_rejected():
+    message = broken(lambda d: d["variants"]["cpu"]["tensorflow"].update(keras="keras3"))
+    assert "field 'tensorflow.keras'" in message and "Keras 3" in message and "'tf-keras'" in message
+
+
+def test_cuda_tensorflow_package_must_have_gpu_support():
+    message = broken(lambda d: d["variants"]["cu126"]["tensorflow"].update(package="tensorflow-cpu"))
+    assert "field 'tensorflow.package'" in message and "allowed: 'tensorflow'" in message
+
+
+def test_python_follows_the_distro():
+    message = broken(lambda d: d["variants"]["cpu"].update(python="3.12"))
+    assert "field 'python'" in message and "bookworm" in message and "'3.11'" in message
+
+
+def test_cuda_variant_needs_nccl_horovod():
+    message = broken(lambda d: d["variants"]["cu124"]["horovod"].update(gpu_operations=None))
+    assert "field 'horovod.gpu_operations'" in message and "'nccl'" in message
+
+
+def test_gpu_operations_on_cpu_variant():
+    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(gpu_operations="nccl"))
+    assert "field 'horovod.gpu_operations'" in message
+
+
+def test_horovod_framework_must_be_installed():
+    message = broken(lambda d: d["variants"]["cpu-pytorch"]["horovod"].update(frameworks=["pytorch", "tensorflow"]))
+    assert "field 'horovod.frameworks'" in message and "'tensorflow' is not installed" in message
+
+
+def test_unpatched_horovod_version():
+    message = broken(lambda d: d["defaults"]["horovod"].update(version="0.27.0"))
+    assert "field 'horovod.version'" in message and "0.28.1" in message
+
+
+def test_cuda_on_a_distro_without_nvcc():
+    message = broken(lambda d: d["variants"]["cu124"].update(distro="bookworm", python="3.11"))
+    assert "field 'distro'" in message and "trixie" in message
+
+
+def test_alias_collision():
+    message = broken(lambda d: d["variants"]["cpu-pytorch"].update(aliases=["latest"]))
+    assert "field 'aliases'" in message and "'latest'" in message
+
+
+def test_bad_arch():
+    message = broken(lambda d: d["variants"]["cu124"]["cuda"].update(arch_list=["sm_90"]))
+    assert "field 'cuda.arch_list'" in message and "compute capability" in message
+
+
+def test_version_helpers():
+    assert compat.parse_version("2.13.0+cpu") == (2, 13, 0)
+    assert compat.minor("2.6.0") == "2.6"
+    assert compat.local_tag("2.6.0+cu124") == "cu124" and compat.local_tag("2.6.0") is None
+    assert compat.cuda_tag("12.4") == "cu124"

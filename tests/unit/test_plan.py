@@ -1,0 +1,183 @@
+"""Planning is pure: environment + hardware -> commands, env and rendezvous, nothing started."""
+
+import json
+
+import pytest
+
+from entrypoint.config import ConfigError, load_config
+from entrypoint.ecosystem import translate
+from entrypoint.hardware import choose_interface
+from entrypoint.plan import Hardware, NodeInfo, explain, plan_node, plan_processes
+
+FW, LA = ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"]
+CPU2 = Hardware(gpus=0, cpus=2, shm_bytes=64 << 20)
+
+
+def plan(hw=CPU2, **env):
+    env = {k: str(v) for k, v in env.items()}
+    t = translate(env)
+    return plan_node(load_config(t.env, FW, LA, ("--steps", "3"), t.sources), hw, env, t.direct, python="py")
+
+
+def nodes(*nprocs, ports=0):
+    return [NodeInfo(i, f"10.0.0.{i + 1}", n, tuple(range(40000 + 10 * i, 40000 + 10 * i + (ports or n))))
+            for i, n in enumerate(nprocs)]
+
+
+def test_nproc_defaults_to_gpus_else_one():
+    assert plan().nproc == 1
+    assert plan(Hardware(gpus=4, cpus=32, shm_bytes=16 << 30)).nproc == 4
+    assert plan(NPROC_PER_NODE=3).nproc == 3
+
+
+def test_local_torchrun():
+    p = plan(NPROC_PER_NODE=2)
+    [spec] = plan_processes(p, nodes(2), 0)
+    argv = list(spec.argv)
+    assert argv[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in argv
+    assert "--nproc-per-node=2" in argv and argv[-3:] == ["/app/code/train.py", "--steps", "3"]
+    assert spec.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
+    assert spec.env["OMP_NUM_THREADS"] == "1" and spec.env["DATA_DIR"] == "/app/data"
+
+
+def test_distributed_torchrun_uses_the_job_store_as_a_client():
+    p = plan(NPROC_PER_NODE=2, NUM_NODES=2, ROLE="worker", MASTER_ADDR="master", MASTER_PORT=29500,
+             RDZV_TIMEOUT=60)
+    assert p.rendezvous.endpoint == "master:29500" and not p.rendezvous.serve_store and not p.rendezvous.exchange
+    [spec] = plan_processes(p, nodes(2), 1, iface="eth0")
+    argv = list(spec.argv)
+    assert "--nnodes=2" in argv and "--rdzv-backend=c10d" in argv and "--rdzv-endpoint=master:29500" in argv
+    assert "--rdzv-conf=is_host=0,join_timeout=60,read_timeout=60" in argv
+    assert spec.env["NCCL_SOCKET_IFNAME"] == "eth0" and spec.env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_elastic_torchrun():
+    p = plan(MIN_NODES=1, MAX_NODES=4, ROLE="master", MASTER_ADDR="m", MAX_RESTARTS=3)
+    argv = list(plan_processes(p, nodes(1), 0)[0].argv)
+    assert "--nnodes=1:4" in argv and "--max-restarts=3" in argv
+    assert p.world_size is None
+
+
+def test_master_serves_store_and_horovod_rendezvous():
+    p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
+    r = p.rendezvous
+    assert r.serve_store and r.exchange and r.horovod_server
+
+
+def test_horovod_env_matches_what_horovodrun_sets():
+    p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    specs = plan_processes(p, nodes(2, 2), 1, iface="eth0", horovod_addr="m", horovod_port=29501)
+    assert [s.label for s in specs] == ["rank 2", "rank 3"]
+    env = specs[1].env
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "m" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "29501"
+    assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"]) == \
+        ("3", "4", "1", "2")
+    assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("1", "2")
+    assert env["HOROVOD_HOSTNAME"] == "node1" and env["HOROVOD_GLOO_IFACE"] == "eth0"
+    assert specs[1].argv == ("py", "-u", "/app/code/train.py", "--steps", "3")
+
+
+def test_horovod_uneven_nodes():
+    p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    specs = plan_processes(p, nodes(2, 1), 0, iface="eth0")
+    assert [s.env["HOROVOD_SIZE"] for s in specs] == ["3", "3"]
+    assert [s.env["HOROVOD_CROSS_SIZE"] for s in specs] == ["2", "1"]
+
+
+def test_tensorflow_sync_tf_config():
+    p = plan(FRAMEWORK="tensorflow", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    assert p.rendezvous.exchange and p.ports_needed == 2
+    specs = plan_processes(p, nodes(2, 2), 1)
+    configs = [json.loads(s.env["TF_CONFIG"]) for s in specs]
+    assert configs[0]["cluster"] == {"worker": ["10.0.0.1:40000", "10.0.0.1:40001", "10.0.0.2:40010",
+                                                 "10.0.0.2:40011"]}
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 2}, {"type": "worker", "index": 3}]
+    assert specs[0].env["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_keras_opt_out_of_legacy_keras_is_honoured():
+    p = plan(FRAMEWORK="keras", TF_USE_LEGACY_KERAS=0)
+    assert p.env["TF_USE_LEGACY_KERAS"] == "0"
+
+
+def test_tensorflow_async_parameter_servers_on_the_master():
+    p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NUM_PS=2)
+    assert p.ports_needed == 1 + 1 + 2
+    specs = plan_processes(p, [NodeInfo(0, "m", 1, (1, 2, 3, 4)), NodeInfo(1, "w", 1, (9,))], 0)
+    assert [(s.label, s.critical) for s in specs] == [("chief", True), ("ps 0", False), ("ps 1", False),
+                                                       ("worker 0", False)]
+    cluster = json.loads(specs[0].env["TF_CONFIG"])["cluster"]
+    assert cluster == {"chief": ["m:1"], "ps": ["m:2", "m:3"], "worker": ["m:4", "w:9"]}
+    assert specs[1].argv[-2:] == ("-m", "disttrain.tf_server")
+
+
+def test_tensorflow_async_worker_node_only_serves():
+    p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m")
+    specs = plan_processes(p, [NodeInfo(0, "m", 1, (1, 2, 3)), NodeInfo(1, "w", 1, (9,))], 1)
+    assert [(s.label, s.critical) for s in specs] == [("worker 1", False)]
+
+
+def test_local_mpi_launcher_reenters_the_entrypoint_per_rank():
+    p = plan(LAUNCHER="mpi", NPROC_PER_NODE=2)
+    [spec] = plan_processes(p, nodes(2), 0, master_port=12345)
+    argv = list(spec.argv)
+    assert argv[:3] == ["mpirun", "--np", "2"] and argv[-3:] == ["entrypoint.main", "--steps", "3"]
+    assert spec.env["MASTER_PORT"] == "12345" and spec.env["HOROVOD_CONTROLLER"] == "mpi"
+    assert "-x" in argv and "ENTRYPOINT" in argv
+
+
+def test_multi_node_mpi_runs_mpirun_on_the_master_only():
+    master = plan(LAUNCHER="mpi", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", HOSTFILE="/app/code/hosts")
+    assert "--hostfile" in plan_processes(master, nodes(1, 1), 0)[0].argv
+    worker = plan(LAUNCHER="mpi", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", HOSTFILE="/app/code/hosts")
+    assert plan_processes(worker, nodes(1, 1), 1) == []
+
+
+def test_direct_rank_under_mpirun():
+    p = plan(OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_RANK=1,
+             OMPI_COMM_WORLD_LOCAL_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=2222)
+    assert p.mode == "direct"
+    [spec] = plan_processes(p, [], 1)
+    assert (spec.env["RANK"], spec.env["WORLD_SIZE"], spec.env["LOCAL_RANK"]) == ("1", "2", "1")
+    assert spec.env["MASTER_PORT"] == "2222" and spec.argv[0] == "py"
+
+
+def test_direct_multi_node_torch_needs_master_addr():
+    with pytest.raises(ConfigError, match="MASTER_ADDR is not set"):
+        plan(SLURM_PROCID=0, SLURM_NNODES=2, SLURM_NTASKS=4)
+
+
+def test_hybrid_layout_and_errors():
+    p = plan(PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+    assert (p.env["TP_SIZE"], p.env["DP_SIZE"]) == ("2", "2")
+    with pytest.raises(ConfigError, match="TP_SIZE=3: must divide the world size 4"):
+        plan(PARALLEL_MODE="hybrid", TP_SIZE=3, NPROC_PER_NODE=4)
+    with pytest.raises(ConfigError, match="hybrid needs both dimensions > 1"):
+        plan(PARALLEL_MODE="hybrid", TP_SIZE=4, NPROC_PER_NODE=4)
+    assert plan(PARALLEL_MODE="model_parallel", NPROC_PER_NODE=2).env["TP_SIZE"] == "2"
+
+
+def test_preflight_warnings():
+    shm = plan(Hardware(gpus=2, cpus=8, shm_bytes=64 << 20))
+    assert any("/dev/shm is 64 MiB" in w and "--shm-size" in w for w in shm.warnings)
+    over = plan(Hardware(gpus=1, cpus=8, shm_bytes=8 << 30), NPROC_PER_NODE=2)
+    assert any("exceeds the 1 visible GPU" in w for w in over.warnings)
+    assert plan(Hardware(gpus=0, cpus=8, shm_bytes=64 << 20)).warnings == ()
+
+
+def test_interface_choice():
+    table = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"], "docker0": ["172.17.0.1"]}
+    assert choose_interface("10.0.0.1", "10.0.0.5", table, None) == ("eth0", [])
+    name, warnings = choose_interface("192.168.9.9", "172.17.0.1", table, None)
+    assert name == "docker0" and "Docker bridge" in warnings[0]
+    assert choose_interface("10.0.0.1", "10.0.0.5", table, "eth0")[0] == "eth0"
+    with pytest.raises(LookupError, match="NET_IFNAME='ib0': no such interface"):
+        choose_interface("10.0.0.1", "10.0.0.5", table, "ib0")
+    assert choose_interface("127.0.0.1", "127.0.0.1", table, None) == ("lo", [])
+
+
+def test_explain_shows_the_plan_without_starting_anything():
+    p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", IB_HCA="mlx5_0:1")
+    text = explain(p, plan_processes(p, nodes(1, 1), 0, horovod_port=29501), {})
+    assert "Horovod" in text and "job store m:29500" in text and "NCCL_IB_HCA=mlx5_0:1" in text

