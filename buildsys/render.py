@@ -108,7 +108,8 @@ def labels(v: Variant) -> list[tuple[str, str]]:
 
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
-    runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9"]
+    runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
+               "numpy"]      # torch >= 2.6 no longer depends on it; training code nearly always does
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:
         runtime.append(f"torch=={v.pytorch.version}")

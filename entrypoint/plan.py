@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import Config, ConfigError
 from .ecosystem import DirectRank

@@ -1,12 +1,13 @@
 """PyTorch data-parallel training with the image's API (DDP under torchrun; local SGD when
 SYNC_MODE=async). Checkpoints on rank 0 and resumes from CHECKPOINT_DIR."""
 
+import time
 
 import torch
 from torch import nn
 
 import synthetic
-from disttrain import checkpoint, context
+from disttrain import checkpoint
 from disttrain import torch as dt
 from disttrain.lr import scale_lr
 
@@ -40,7 +41,11 @@ before = full_loss()
 ddp = dt.wrap_model(model)
 optimizer = dt.wrap_optimizer(optimizer, ddp)
 synthetic.started(rank, start)
+timed_from = start + min(5, max(0, args.steps - start - 1))      # throughput after 5 warm-up steps
+started = time.perf_counter()
 for step in range(start, args.steps):
+    if step == timed_from:
+        started = time.perf_counter()
     synthetic.pause(args)
     bx, by = synthetic.batches(x, y, args.batch_size, step)
     loss = nn.functional.mse_loss(ddp(torch.from_numpy(bx).to(device)), torch.from_numpy(by).to(device))
@@ -52,8 +57,10 @@ for step in range(start, args.steps):
     if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
         checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step + 1,
                         writer=torch.save, ext="pt")
+elapsed = time.perf_counter() - started
 if info.sync_mode == "async":
     dt.average_parameters(model)        # local SGD ends with one final average
 synthetic.report("pytorch", rank, world, before, full_loss(), dt.parameter_digest(model),
-                 device=str(device), sync=info.sync_mode)
+                 device=str(device), sync=info.sync_mode,
+                 samples_per_s=f"{(args.steps - timed_from) * args.batch_size * world / max(elapsed, 1e-9):.0f}")
 dt.shutdown()

@@ -12,7 +12,6 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import synthetic
-from disttrain import context
 from disttrain import torch as dt
 
 args = synthetic.arguments()

@@ -1,0 +1,43 @@
+"""3. Allreduce throughput between 2 processes: through the image's stack (the entrypoint
+launching Horovod/gloo, torchrun/gloo, mpirun/MPI) against raw torchrun and raw mpirun,
+with Horovod's tensor fusion on and off. busbw = algbw x 2(n-1)/n (nccl-tests)."""
+
+from __future__ import annotations
+
+import re
+
+from .procs import PY, WORKLOADS, base_env, entrypoint, run
+
+ALLREDUCE = str(WORKLOADS / "allreduce.py")
+N = 2
+
+
+def stacks(sizes: str) -> list[tuple[str, list[str], dict]]:
+    local = dict(TRAIN_MODE="local", NPROC_PER_NODE=N, ENTRYPOINT=ALLREDUCE, OMP_NUM_THREADS=1)
+    sweep = ["--sizes", sizes]
+    return [
+        ("image: Horovod gloo", entrypoint("--stack", "hvd", *sweep), base_env(LAUNCHER="horovod", **local)),
+        ("image: Horovod gloo, 16 tensors, fusion on", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
+         base_env(LAUNCHER="horovod", **local)),
+        ("image: Horovod gloo, 16 tensors, fusion off", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
+         base_env(LAUNCHER="horovod", HOROVOD_FUSION_THRESHOLD=0, **local)),
+        ("image: torch gloo (torchrun)", entrypoint("--stack", "torch", *sweep), base_env(**local)),
+        ("image: MPI (mpirun, mpi4py)", entrypoint("--stack", "mpi4py", *sweep), base_env(LAUNCHER="mpi", **local)),
+        ("raw torch.distributed gloo", [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={N}",
+                                        ALLREDUCE, "--stack", "torch", *sweep], base_env(OMP_NUM_THREADS=1)),
+        ("raw mpi4py (mpirun)", ["mpirun", "--np", str(N), "--bind-to", "none", PY, ALLREDUCE, "--stack", "mpi4py",
+                                 *sweep], base_env(OMP_NUM_THREADS=1)),
+    ]
+
+
+def measure(sizes: list[int]) -> list[dict]:
+    rows = []
+    for name, cmd, env in stacks(",".join(map(str, sizes))):
+        code, out, _ = run(cmd, env, timeout=600)
+        found = {int(s): float(t) for s, t in re.findall(r"SIZE (\d+) ([\d.]+)", out)}
+        for size in sizes:
+            seconds = found.get(size)
+            algbw = size / seconds / 1e9 if seconds else float("nan")
+            rows.append({"stack": name, "bytes": size, "seconds": seconds or float("nan"),
+                         "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (N - 1) / N, "ok": code == 0})
+    return rows

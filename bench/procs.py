@@ -1,0 +1,84 @@
+"""Starting the commands a benchmark compares, on this machine, with a bounded time."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k in ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV", "OMPI_ALLOW_RUN_AS_ROOT",
+                    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+               CHECKPOINT_DIR="/tmp/disttrain-bench-ckpt", DATA_DIR="/tmp/disttrain-bench-data")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def entrypoint(*args: str) -> list[str]:
+    return [PY, "-m", "entrypoint.main", *args]
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str, float]:
+    """Run to completion; (exit code, output, wall seconds). Killed at the timeout."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=str(ROOT))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return 124, out, time.perf_counter() - start
+    return proc.returncode, out, time.perf_counter() - start
+
+
+def run_many(cmds: list[tuple[list[str], dict[str, str]]], timeout: float = 300) -> tuple[list[int], str, float]:
+    """Start several commands at once (the nodes of a job); wait for all."""
+    start = time.time()
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True, cwd=str(ROOT)) for c, e in cmds]
+    outputs, codes = [], []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                try:
+                    os.killpg(q.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            out, _ = p.communicate()
+            p.returncode = 124
+        outputs.append(out)
+        codes.append(p.returncode)
+    return codes, "\n".join(outputs), start
+
+
+def stamps(output: str, tag: str) -> list[float]:
+    return [float(t) for t in re.findall(rf"{tag} rank=\d+ t=([\d.]+)", output)]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,120 @@
+"""The table (Markdown, printed) and the plots (PNG) for one benchmark run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return format(value, spec)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:g} {unit}"
+        n //= 1024
+    return str(n)
+
+
+def table(results: dict) -> str:
+    out = [f"Machine: {results['machine']}. Date: {results['date']}. Medians of {results['repeats']} runs.", ""]
+    if "launch" in results:
+        out += ["### Launch overhead (process start → first line of train.py)", "",
+                "| processes | launcher | seconds | vs |", "|---|---|---|---|"]
+        out += [f"| {r['nproc']} | {r['name']} | {_fmt(r['seconds'])} | {_fmt(r['ratio'])}× {r['baseline']} |"
+                for r in results["launch"]]
+        out.append("")
+    if "rendezvous" in results:
+        out += ["### Rendezvous: N nodes (1 process each, loopback) until every rank has joined", "",
+                "| path | nodes | seconds | runs (failed) |", "|---|---|---|---|"]
+        out += [f"| {r['path']} | {r['nodes']} | {_fmt(r['seconds'])} | {r['runs']} ({r['failures']}) |"
+                for r in results["rendezvous"]]
+        out.append("")
+    if "collectives" in results:
+        out += ["### Allreduce, 2 processes (busbw = algbw × 2(n−1)/n)", "",
+                "| stack | size | time (ms) | algbw GB/s | busbw GB/s |", "|---|---|---|---|---|"]
+        out += [f"| {r['stack']} | {human_bytes(r['bytes'])} | {_fmt(r['seconds'] * 1e3, '.3f')} | "
+                f"{_fmt(r['algbw_GBps'], '.3f')} | {_fmt(r['busbw_GBps'], '.3f')} |" for r in results["collectives"]]
+        out.append("")
+    if "image_sizes" in results:
+        out += ["### Images", "", "| variant | image GB | base GB | Python packages GB | overhead ratio | largest layers |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['variant']} | {_fmt(r['image_GB'])} | {_fmt(r['base_GB'])} | {_fmt(r['python_packages_GB'])} | "
+                f"{_fmt(r['overhead_ratio'])} | {'<br>'.join(r['largest_layers'])} |" for r in results["image_sizes"]]
+        out.append("")
+    if "rebuild" in results:
+        out += ["### Rebuild (cpu)", "", "| change | seconds | steps run | steps cached |", "|---|---|---|---|"]
+        out += [f"| {r['change']} | {_fmt(r['seconds'], '.1f')} | {r['steps_run']} | {r['steps_cached']} |"
+                for r in results["rebuild"]]
+        out.append("")
+    if "training" in results:
+        out += ["### Training (examples/pytorch_ddp.py, CPU)", "", "| processes | samples/s | speed-up |", "|---|---|---|"]
+        out += [f"| {r['processes']} | {_fmt(r['samples_per_s'], '.0f')} | {_fmt(r.get('speedup'))}× |"
+                for r in results["training"]]
+        out.append("")
+    return "\n".join(out)
+
+
+def plots(results: dict, out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig, name):
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    if "launch" in results:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        rows = results["launch"]
+        labels = [f"{r['name']}\n({r['nproc']} proc)" for r in rows]
+        ax.barh(labels, [r["seconds"] for r in rows], color=["tab:blue" if "entrypoint" in r["name"] else "tab:gray"
+                                                             for r in rows])
+        ax.set_xlabel("seconds to first line of train.py (median)")
+        ax.set_title("Launch overhead")
+        save(fig, "launch.png")
+    if "rendezvous" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for path in dict.fromkeys(r["path"] for r in results["rendezvous"]):
+            rows = [r for r in results["rendezvous"] if r["path"] == path]
+            ax.plot([r["nodes"] for r in rows], [r["seconds"] for r in rows], marker="o", label=path)
+        ax.set_xlabel("nodes (entrypoint processes on loopback)")
+        ax.set_ylabel("seconds until every rank joined")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+        ax.set_title("Rendezvous scaling (2 cores)")
+        save(fig, "rendezvous.png")
+    if "collectives" in results:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for stack in dict.fromkeys(r["stack"] for r in results["collectives"]):
+            rows = [r for r in results["collectives"] if r["stack"] == stack]
+            ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker=".", label=stack)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per allreduce")
+        ax.set_ylabel("busbw GB/s")
+        ax.legend(fontsize=7)
+        ax.set_title("Allreduce, 2 processes, loopback")
+        save(fig, "allreduce.png")
+    if "image_sizes" in results:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        rows = results["image_sizes"]
+        names = [r["variant"] for r in rows]
+        ax.bar(names, [r["base_GB"] for r in rows], label="base")
+        ax.bar(names, [r["python_packages_GB"] for r in rows], bottom=[r["base_GB"] for r in rows],
+               label="Python packages")
+        ax.bar(names, [r["image_GB"] - r["base_GB"] - r["python_packages_GB"] for r in rows],
+               bottom=[r["base_GB"] + r["python_packages_GB"] for r in rows], label="everything else")
+        ax.set_ylabel("GB")
+        ax.legend()
+        ax.set_title("Image size")
+        save(fig, "images.png")
+    return written

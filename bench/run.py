@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Benchmarks, side by side in one run: launch overhead, rendezvous scaling, allreduce
+throughput, image size and rebuild time, training scaling.
+
+    python bench/run.py                 default sizes (under 10 minutes on 2 cores)
+    python bench/run.py --full          + 16 nodes and 256 MB allreduces
+    python bench/run.py --smoke         a tiny run that keeps the scripts working (CI)
+
+Prints a Markdown table and writes results.json and PNG plots to --out (bench/out).
+Everything runs on this machine: traffic stays on loopback and every run has a timeout.
+Run it with the same BUILD_* settings the images were built with (rebuild timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import collectives, image, launch, rendezvous, report, training  # noqa: E402
+
+SECTIONS = ("launch", "rendezvous", "collectives", "image", "training")
+
+
+def machine() -> str:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, no GPU"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="add 16 nodes and 256 MB allreduces")
+    size.add_argument("--smoke", action="store_true", help="one run of tiny sizes (CI)")
+    p.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
+    p.add_argument("--repeats", type=int, help="runs per measurement (default 5; 1 with --smoke)")
+    args = p.parse_args()
+
+    repeats = args.repeats or (1 if args.smoke else 5)
+    sections = args.only or list(SECTIONS)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"machine": machine(), "date": dt.date.today().isoformat(), "repeats": repeats,
+                     "mode": "smoke" if args.smoke else "full" if args.full else "default"}
+
+    def step(name):
+        print(f"== {name}", file=sys.stderr, flush=True)
+
+    if "launch" in sections:
+        step("launch overhead")
+        results["launch"] = launch.measure(repeats)
+    if "rendezvous" in sections:
+        step("rendezvous scaling")
+        nodes = [2] if args.smoke else [2, 4, 8, 16] if args.full else [2, 4, 8]
+        results["rendezvous"] = rendezvous.measure(nodes, repeats)
+    if "collectives" in sections:
+        step("allreduce throughput")
+        top = 14 if args.smoke else 28 if args.full else 26            # 16 KB, 256 MB, 64 MB
+        results["collectives"] = collectives.measure([2 ** e for e in range(10, top + 1, 2)])
+    if "image" in sections:
+        step("image sizes")
+        results["image_sizes"] = image.sizes()
+        if not args.smoke:
+            step("rebuild times")
+            results["rebuild"] = image.rebuild_times("cpu")
+    if "training" in sections:
+        step("training scaling")
+        results["training"] = training.measure(20 if args.smoke else 200, repeats)
+
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    text = report.table(results)
+    (out / "table.md").write_text(text)
+    print(text)
+    for path in report.plots(results, out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""5. Training scaling: samples/s of the example PyTorch model, 1 process against 2, through
+the entrypoint. This machine has 2 cores: two processes share them with everything else."""
+
+from __future__ import annotations
+
+import re
+
+from .procs import ROOT, base_env, entrypoint, median, run
+
+
+def measure(steps: int, repeats: int) -> list[dict]:
+    rows = []
+    for nproc in (1, 2):
+        samples = []
+        for _ in range(repeats):
+            env = base_env(TRAIN_MODE="local", NPROC_PER_NODE=nproc, ENTRYPOINT=str(ROOT / "examples/pytorch_ddp.py"),
+                           CHECKPOINT_DIR=f"/tmp/disttrain-bench-train-{nproc}")
+            code, out, _ = run(entrypoint("--steps", str(steps), "--batch-size", "256", "--checkpoint-every",
+                                          str(10 ** 9)), env, timeout=300)
+            values = [float(v) for v in re.findall(r"rank=0 .*samples_per_s=(\d+)", out)]
+            if code == 0 and values:
+                samples.append(values[0])
+            run(["rm", "-rf", f"/tmp/disttrain-bench-train-{nproc}"], base_env())
+        rows.append({"processes": nproc, "samples_per_s": median(samples), "runs": len(samples)})
+    rows[1]["speedup"] = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    rows[0]["speedup"] = 1.0
+    return rows

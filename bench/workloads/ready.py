@@ -1,0 +1,28 @@
+"""Rendezvous workload: join the job with the framework's own API, then report the time."""
+import os
+import time
+
+framework = os.environ.get("FRAMEWORK", "pytorch")
+launcher = os.environ.get("LAUNCHER", "native")
+if launcher == "horovod":
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="ready")
+    rank = hvd.rank()
+elif framework == "pytorch":
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    rank = dist.get_rank()
+else:
+    import json
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print(f"READY rank={rank} t={time.time():.6f}", flush=True)
+if launcher != "horovod" and framework == "pytorch":
+    dist.barrier()
+    dist.destroy_process_group()
