@@ -127,7 +127,8 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
         specs = plan_processes(plan, nodes, node_rank, iface=iface, horovod_addr=c.master_addr,
                                horovod_port=horovod_port, master_port=c.master_port)
     except Interrupted as exc:
-        store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous")
+        store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous", 128 + exc.signum) \
+            if store.store else None
         return 128 + exc.signum
     except RendezvousError as exc:
         say(f"rendezvous failed: {exc}", sys.stderr)
@@ -141,8 +142,7 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
     try:
         say(f"starting {len(specs)} process(es): {plan.launcher}")
         code = supervisor.run(specs, env)
-        final = store.finish(code, wait_s=max(30.0, 3.0 * c.peer_timeout),
-                             stop_requested=lambda: supervisor.signal_received is not None)
+        final = store.finish(code, stop_requested=lambda: supervisor.signal_received is not None)
         return final
     finally:
         if server:

@@ -10,7 +10,8 @@ torchrun. On top of it, under the prefix `disttrain/<RUN_ID>/`:
     node/<k>/hb      heartbeat counter, bumped every second
     node/<k>/exit    its exit code, when its processes are done
     job/launch       the master's go: every node has joined, Horovod's server is up (its port)
-    job/abort        why the job is being stopped; every node stops its processes
+    job/abort        why the job is being stopped, and the exit code it means (1 for a failure,
+                     143 when a node was stopped with SIGTERM); every node stops its processes
 
 A node whose heartbeat stops for PEER_TIMEOUT seconds, a non-zero exit, or a master that
 can no longer be reached ends the job on every node, so nothing waits for a dead peer.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import socket
 import time
 import uuid
@@ -54,6 +56,7 @@ class JobStore:
         self.node_rank: int | None = None
         self._seen: dict[int, tuple[int, float]] = {}     # node -> (last heartbeat, when it changed)
         self._gone: set[int] = set()                       # elastic: nodes that left
+        self._started = time.monotonic()
 
     # ----------------------------------------------------------------- joining
     def connect(self, deadline: float) -> None:
@@ -129,7 +132,7 @@ class JobStore:
             if not missing:
                 return [NodeInfo.from_json(self._get(name)) for name in names]
             if self._has("job/abort"):
-                raise RendezvousError(f"job aborted during rendezvous: {self._get('job/abort')}")
+                raise RendezvousError(f"job aborted during rendezvous: {self.abort_reason()[0]}")
             if time.monotonic() > deadline:
                 raise RendezvousError(f"only {count - len(missing)} of {count} nodes joined "
                                       f"MASTER_ADDR:MASTER_PORT={self.endpoint} within "
@@ -146,7 +149,7 @@ class JobStore:
     def wait_for_launch(self, deadline: float) -> dict:
         while not self._has("job/launch"):
             if self._has("job/abort"):
-                raise RendezvousError(f"job aborted during rendezvous: {self._get('job/abort')}")
+                raise RendezvousError(f"job aborted during rendezvous: {self.abort_reason()[0]}")
             if time.monotonic() > deadline:
                 raise RendezvousError(f"the master at {self.endpoint} did not start the job within "
                                       f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
@@ -158,12 +161,16 @@ class JobStore:
     def beat(self) -> None:
         self.store.add(self._key(f"node/{self.node_rank}/hb"), 1)
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, code: int = 1) -> None:
         try:
             if not self._has("job/abort"):
-                self.store.set(self._key("job/abort"), reason)
+                self.store.set(self._key("job/abort"), json.dumps({"reason": reason, "code": code}))
         except RuntimeError:
             pass      # the store is gone: the others find out by themselves
+
+    def abort_reason(self) -> tuple[str, int]:
+        data = json.loads(self._get("job/abort"))
+        return data["reason"], int(data["code"])
 
     def exit_code(self, rank: int) -> int | None:
         name = f"node/{rank}/exit"
@@ -173,17 +180,20 @@ class JobStore:
         upper = self.config.max_nodes if self.config.elastic else self.config.num_nodes
         return [k for k in range(1, upper) if self._has(f"node/{k}/claim")]
 
-    def poll(self) -> str | None:
-        """Called about once a second while the processes run: None, or why to stop."""
+    def poll(self) -> tuple[str, int] | str | None:
+        """Called about once a second while the processes run: None, or why to stop
+        (with the exit code it means, when that is not 1)."""
         try:
             self.beat()
             if self._has("job/abort"):
-                return self._get("job/abort")
+                return self.abort_reason()
             if self.serve:
                 return self._check_workers()
             code = self.exit_code(0)
             if code is not None and code != 0:
-                return f"the master's processes failed (exit {code})"
+                stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGINT)
+                return f"the master's processes {'were stopped' if stopped else 'failed'} (exit {code})", \
+                    code if stopped else 1
             return None
         except RuntimeError as exc:
             if self.serve:
@@ -200,6 +210,12 @@ class JobStore:
 
     def _check_workers(self) -> str | None:
         now = time.monotonic()
+        c = self.config
+        if not c.elastic and now - self._started > c.rdzv_timeout:
+            joined = len(self.registered_workers()) + 1
+            if joined < c.num_nodes:
+                return (f"only {joined} of {c.num_nodes} nodes joined MASTER_ADDR:MASTER_PORT={self.endpoint} "
+                        f"within RDZV_TIMEOUT={c.rdzv_timeout}s")
         for k in self.registered_workers():
             if k in self._gone:
                 continue
@@ -220,15 +236,19 @@ class JobStore:
         return None
 
     # ----------------------------------------------------------------- finishing
-    def finish(self, code: int, wait_s: float, stop_requested=lambda: False) -> int:
-        """Record this node's exit; the master then waits for the workers' results."""
+    def finish(self, code: int, stop_requested=lambda: False) -> int:
+        """Record this node's exit. The master then waits for the workers' results, and a
+        successful worker for the master's; both as long as the others' heartbeats move."""
         try:
+            if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+                self.abort(f"node {self.node_rank} was stopped ({signal.Signals(code - 128).name})", code)
+            elif code != 0:
+                self.abort(f"node {self.node_rank} failed (exit {code})")
             self.store.set(self._key(f"node/{self.node_rank}/exit"), str(code))
             if code != 0:
-                self.abort(f"node {self.node_rank} failed (exit {code})")
-            if not self.serve or code != 0:
                 return code
-            deadline = time.monotonic() + wait_s
+            if not self.serve:
+                return self._wait_for_master(stop_requested)
             while True:
                 pending, failed = [], []
                 for k in self.registered_workers():
@@ -244,16 +264,38 @@ class JobStore:
                     return 1
                 if not pending:
                     return 0
-                reason = self._check_workers()
+                reason = self._check_workers()          # heartbeats: a dead worker ends the wait
                 if reason:
                     print(f"entrypoint: {reason}", flush=True)
                     return 1
                 if stop_requested():
                     return 143
-                if time.monotonic() > deadline:
-                    print(f"entrypoint: workers {pending} did not report within {wait_s:.0f}s", flush=True)
-                    return 1
                 self.beat()
                 time.sleep(0.2)
         except RuntimeError:
             return code       # the store is gone; this node's own result still stands
+
+    def _wait_for_master(self, stop_requested) -> int:
+        """A worker whose processes succeeded stays until the master's are done too, so
+        that `compose up --abort-on-container-exit` never stops a master still finishing.
+        It waits as long as the master's heartbeat moves."""
+        last, since = -1, time.monotonic()
+        while True:
+            master = self.exit_code(0)           # raises once the master closed the store
+            if master is not None:
+                return 0 if master == 0 else master if master in (130, 143) else 1
+            if self._has("job/abort"):
+                reason, abort_code = self.abort_reason()
+                print(f"entrypoint: {reason}", flush=True)
+                return abort_code
+            if stop_requested():
+                return 143
+            beats = int(self.store.add(self._key("node/0/hb"), 0))
+            if beats != last:
+                last, since = beats, time.monotonic()
+            elif time.monotonic() - since > self.config.peer_timeout:
+                print(f"entrypoint: the master stopped answering (no heartbeat for "
+                      f"{self.config.peer_timeout}s)", flush=True)
+                return 1
+            self.beat()
+            time.sleep(0.2)

@@ -6,7 +6,8 @@
   prefix their own lines with their global rank.
 * SIGTERM/SIGINT are forwarded to every group; after GRACE_PERIOD seconds, SIGKILL.
 * The first critical process to fail stops the others; its exit code is the node's.
-* `poll` (the job store) is asked about once a second whether the job must stop.
+* `poll` (the job store) is asked about once a second whether the job must stop; it
+  answers with a reason, or a (reason, exit code) pair.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def exit_code(returncode: int) -> int:
 
 class Supervisor:
     def __init__(self, grace_period: float, out: TextIO = sys.stdout,
-                 poll: Callable[[], str | None] | None = None,
+                 poll: Callable[[], tuple[str, int] | str | None] | None = None,
                  job_finished: Callable[[], int | None] | None = None):
         self.grace = grace_period
         self.out = out
@@ -143,11 +144,12 @@ class Supervisor:
             if now - last_store_check >= STORE_INTERVAL:
                 last_store_check = now
                 if self.poll:
-                    reason = self.poll()
-                    if reason:
+                    verdict = self.poll()
+                    if verdict:
+                        reason, code = verdict if isinstance(verdict, tuple) else (verdict, 1)
                         self.say(f"stopping: {reason}")
                         self.stop_all(signal.SIGTERM)
-                        return 1
+                        return code
                 if not critical and self.job_finished:
                     finished = self.job_finished()
                     if finished is not None:

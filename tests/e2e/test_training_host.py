@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.e2e.cluster import results, run_job, start_job, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -113,3 +114,13 @@ def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(tmp_path)
     elapsed = time.monotonic() - started
     assert code == 3 and 5 <= elapsed < 20, worker.output
     assert "127.0.0.1:" in worker.output and "RDZV_TIMEOUT=6s" in worker.output
+
+
+def test_a_rank_crashing_at_exit_never_strands_its_peer(tmp_path):
+    """The job store sees the crashed node and stops the other at once: no 300 s wait."""
+    started = time.monotonic()
+    codes, output = run_job(tmp_path, 2, [], timeout=120, ENTRYPOINT=str(ROOT / "tests/e2e/crash_at_exit.py"))
+    elapsed = time.monotonic() - started
+    assert output.count("ALLREDUCED") == 2, output[-3000:]
+    assert codes[1] != 0 and codes[0] != 0, codes
+    assert elapsed < 40, elapsed
