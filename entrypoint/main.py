@@ -193,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         say(str(exc), sys.stderr)
         return EXIT_BAD_INPUT
     say(f"done: exit {code} after {time.monotonic() - started:.1f}s")
-    return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave now: the processes are stopped and the output flushed. Interpreter teardown
+    # (torch's destructors) takes a while, and a SIGTERM arriving then (compose stopping
+    # the other containers) would turn this node's result into 143.
+    os._exit(code)
 
 
 if __name__ == "__main__":

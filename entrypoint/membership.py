@@ -42,6 +42,9 @@ def _probe(host: str, port: int) -> str | None:
         return exc.strerror or str(exc)
 
 
+MASTER_LINGER_S = 1.0
+
+
 class RendezvousError(Exception):
     """Rendezvous failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for."""
 
@@ -263,6 +266,10 @@ class JobStore:
                     print(f"entrypoint: node {failed[0][0]} failed (exit {failed[0][1]})", flush=True)
                     return 1
                 if not pending:
+                    # The workers leave as soon as they see this node's exit code; leaving
+                    # a moment after them lets `compose up --abort-on-container-exit` see
+                    # the workers end first rather than stopping them while they exit.
+                    time.sleep(MASTER_LINGER_S)
                     return 0
                 reason = self._check_workers()          # heartbeats: a dead worker ends the wait
                 if reason:

@@ -240,6 +240,12 @@ def torchrun_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, if
         # so it outlives any one torchrun and the entrypoint sees every node come and go.
         argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={plan.rendezvous.endpoint}",
                  f"--rdzv-conf=is_host=0,join_timeout={c.rdzv_timeout},read_timeout={c.rdzv_timeout}"]
+        me = next((n for n in nodes if n.node_rank == node_rank), None)
+        if me:
+            # The address the others reach this node at (torchrun's default, the FQDN, may
+            # not resolve elsewhere); the node that gets global rank 0 serves the workers'
+            # process-group store there. torchrun orders global ranks by these addresses.
+            argv.append(f"--local-addr={me.addr}")
     # torchrun runs a .py with its own interpreter; anything else needs --no-python.
     argv += [c.entrypoint] if c.entrypoint.endswith(".py") else ["--no-python", c.entrypoint]
     argv += list(c.script_args)
