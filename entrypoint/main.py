@@ -45,6 +45,14 @@ def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
     return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable)
 
 
+def preflight_summary(plan: NodePlan) -> str:
+    hw = plan.hardware
+    shm = f"{hw.shm_bytes / 2**20:.0f} MiB" if hw.shm_bytes is not None else "unknown"
+    c = plan.config
+    return (f"preflight: {hw.gpus} GPU(s), {hw.cpus} CPU(s), /dev/shm {shm}; FRAMEWORK={c.framework} "
+            f"LAUNCHER={c.launcher} TRAIN_MODE={c.train_mode} NPROC_PER_NODE={plan.nproc}")
+
+
 def check_script(plan: NodePlan) -> None:
     path = plan.config.entrypoint
     if not os.path.isfile(path):
@@ -95,6 +103,9 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
     server = None
     _interrupt_on_signals()              # until the processes start, a signal just ends us
     try:
+        if not master and hardware.resolve(c.master_addr) is None:
+            say(f"WARNING: MASTER_ADDR={c.master_addr!r} does not resolve (yet); retrying for up to "
+                f"RDZV_TIMEOUT={c.rdzv_timeout}s")
         say(f"{'serving' if master else 'joining'} the job store at {c.master_addr}:{c.master_port}")
         store.connect(deadline)
         node_rank = store.claim_rank(0 if master else c.node_rank)
@@ -177,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         print(explain(plan, processes, env), flush=True)
         return 0
 
+    if plan.mode != "direct":
+        say(preflight_summary(plan))
     for warning in plan.warnings:
         say(f"WARNING: {warning}")
     if plan.mode == "direct":

@@ -77,6 +77,7 @@ class NodePlan:
     direct: DirectRank | None = None
     python: str = "python3"
     ports_needed: int = 0            # free ports this node must reserve (TensorFlow)
+    hardware: Hardware | None = None
 
     @property
     def world_size(self) -> int | None:
@@ -212,7 +213,7 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     env = _common_env(config, hw, nproc, world, user_env)
     return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
-                    ports_needed=ports_needed)
+                    ports_needed=ports_needed, hardware=hw)
 
 
 # --------------------------------------------------------------------------- step 2: launchers
