@@ -77,7 +77,7 @@ def run_many(cmds: list[tuple[list[str], dict[str, str]]], timeout: float = 300)
 
 
 def stamps(output: str, tag: str) -> list[float]:
-    return [float(t) for t in re.findall(rf"{tag} rank=\d+ t=([\d.]+)", output)]
+    return [float(t) for t in re.findall(rf"{tag} rank=[\d?]+ t=([\d.]+)", output)]
 
 
 def median(values: list[float]) -> float:

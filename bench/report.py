@@ -30,9 +30,10 @@ def table(results: dict) -> str:
         out.append("")
     if "rendezvous" in results:
         out += ["### Rendezvous: N nodes (1 process each, loopback) until every rank has joined", "",
-                "| path | nodes | seconds | runs (failed) |", "|---|---|---|---|"]
-        out += [f"| {r['path']} | {r['nodes']} | {_fmt(r['seconds'])} | {r['runs']} ({r['failures']}) |"
-                for r in results["rendezvous"]]
+                "| path | nodes | start → all joined (s) | last import → all joined (s) | runs (failed) |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['path']} | {r['nodes']} | {_fmt(r['seconds'])} | {_fmt(r.get('join_seconds'))} | "
+                f"{r['runs']} ({r['failures']}) |" for r in results["rendezvous"]]
         out.append("")
     if "collectives" in results:
         out += ["### Allreduce, 2 processes (busbw = algbw × 2(n−1)/n)", "",
@@ -86,7 +87,9 @@ def plots(results: dict, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for path in dict.fromkeys(r["path"] for r in results["rendezvous"]):
             rows = [r for r in results["rendezvous"] if r["path"] == path]
-            ax.plot([r["nodes"] for r in rows], [r["seconds"] for r in rows], marker="o", label=path)
+            line, = ax.plot([r["nodes"] for r in rows], [r["seconds"] for r in rows], marker="o", label=path)
+            ax.plot([r["nodes"] for r in rows], [r.get("join_seconds") for r in rows], marker="x", ls="--",
+                    color=line.get_color(), label=f"{path}: after last import")
         ax.set_xlabel("nodes (entrypoint processes on loopback)")
         ax.set_ylabel("seconds until every rank joined")
         ax.set_xscale("log", base=2)
