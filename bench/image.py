@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from .procs import PY, ROOT
@@ -67,17 +68,24 @@ def _copy_repo(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def _build(repo: Path, variant: str, out: Path) -> tuple[float, int, int, bool]:
-    """(seconds, steps run, steps cached, ok) for `build.py build` of a copy of the repo."""
+def _build(repo: Path, variant: str, out: Path) -> tuple[float, list[str], int, bool]:
+    """(seconds, steps that ran, steps cached, ok) for `build.py build` of a copy of the repo."""
     env = {**os.environ, "BUILD_PROGRESS": "plain"}
     start = time.perf_counter()
     result = subprocess.run([PY, str(repo / "build.py"), "--registry", "bench.local", "build", variant,
                              "-o", str(out)], capture_output=True, text=True, env=env, timeout=3600)
     seconds = time.perf_counter() - start
     log = result.stdout + result.stderr
-    steps = set(re.findall(r"^#(\d+) \[(?:base|builder|runtime|wheels) ", log, re.M))
+    steps = {n: f"{stage} {instr[:40]}" for n, stage, instr in
+             re.findall(r"^#(\d+) \[(\w+ \d+/\d+)\] (.*)$", log, re.M) if not instr.startswith("FROM")}
     cached = set(re.findall(r"^#(\d+) CACHED", log, re.M))
-    return seconds, len(steps - cached), len(steps & cached), result.returncode == 0
+    ran = [name for n, name in sorted(steps.items(), key=lambda kv: int(kv[0])) if n not in cached]
+    return seconds, ran, len(set(steps) & cached), result.returncode == 0
+
+
+def _append(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
 
 
 def rebuild_times(variant: str = "cpu") -> list[dict]:
@@ -89,7 +97,8 @@ def rebuild_times(variant: str = "cpu") -> list[dict]:
         out = Path(tmp) / "contexts"
         changes = [
             ("warm (nothing changed)", None),
-            ("touched entrypoint/ only", lambda: (repo / "entrypoint" / "main.py").open("a").write("\n# touched\n")),
+            # A new token each run, so an earlier run's layers cannot answer for this one.
+            ("touched entrypoint/ only", lambda: _append(repo / "entrypoint" / "main.py", f"\n# touched {uuid.uuid4()}\n")),
             ("changed a tag in matrix.yaml only", lambda: (repo / "matrix.yaml").write_text(
                 (repo / "matrix.yaml").read_text().replace("aliases: [latest]", "aliases: [latest, bench]"))),
         ]
@@ -98,6 +107,8 @@ def rebuild_times(variant: str = "cpu") -> list[dict]:
                 change()
             seconds, ran, cached, ok = _build(repo, variant, out)
             rows.append({"change": name, "seconds": seconds, "steps_run": ran, "steps_cached": cached, "ok": ok})
+            if not ok:
+                raise RuntimeError(f"rebuild after '{name}' failed; run with the BUILD_* settings of the image")
     tags = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "bench.local/*"],
                           capture_output=True, text=True).stdout.split()
     if tags:

@@ -49,12 +49,13 @@ def table(results: dict) -> str:
         out.append("")
     if "rebuild" in results:
         out += ["### Rebuild (cpu)", "", "| change | seconds | steps run | steps cached |", "|---|---|---|---|"]
-        out += [f"| {r['change']} | {_fmt(r['seconds'], '.1f')} | {r['steps_run']} | {r['steps_cached']} |"
-                for r in results["rebuild"]]
+        out += [f"| {r['change']} | {_fmt(r['seconds'], '.1f')} | {', '.join(r['steps_run']) or 'none'} | "
+                f"{r['steps_cached']} |" for r in results["rebuild"]]
         out.append("")
     if "training" in results:
-        out += ["### Training (examples/pytorch_ddp.py, CPU)", "", "| processes | samples/s | speed-up |", "|---|---|---|"]
-        out += [f"| {r['processes']} | {_fmt(r['samples_per_s'], '.0f')} | {_fmt(r.get('speedup'))}× |"
+        out += ["### Training (examples/pytorch_ddp.py, CPU, batch 256 per process)", "",
+                "| hidden width | processes | samples/s | speed-up |", "|---|---|---|---|"]
+        out += [f"| {r['hidden']} | {r['processes']} | {_fmt(r['samples_per_s'], '.0f')} | {_fmt(r.get('speedup'))}× |"
                 for r in results["training"]]
         out.append("")
     return "\n".join(out)

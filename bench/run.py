@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,8 +51,12 @@ def main() -> int:
     results: dict = {"machine": machine(), "date": dt.date.today().isoformat(), "repeats": repeats,
                      "mode": "smoke" if args.smoke else "full" if args.full else "default"}
 
+    clock = {"t": time.monotonic()}
+
     def step(name):
-        print(f"== {name}", file=sys.stderr, flush=True)
+        now = time.monotonic()
+        print(f"== {name} (+{now - clock['t']:.0f}s)", file=sys.stderr, flush=True)
+        clock["t"] = now
 
     if "launch" in sections:
         step("launch overhead")
@@ -72,8 +77,9 @@ def main() -> int:
             results["rebuild"] = image.rebuild_times("cpu")
     if "training" in sections:
         step("training scaling")
-        results["training"] = training.measure(20 if args.smoke else 200, repeats)
+        results["training"] = training.measure(20 if args.smoke else 200, repeats, (32,) if args.smoke else (32, 1024))
 
+    step("done")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     text = report.table(results)
     (out / "table.md").write_text(text)

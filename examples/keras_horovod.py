@@ -4,9 +4,6 @@ Horovod's own API only. Keras 3 breaks this path ('Variable' object has no attri
 'ref'); the entrypoint's TF_USE_LEGACY_KERAS=1 makes tf.keras the Keras 2 API it needs.
 """
 
-import os
-import pickle
-
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import numpy as np
@@ -18,20 +15,10 @@ args = synthetic.arguments()
 
 hvd.init()
 keras = tf.keras
-keras.utils.set_random_seed(hvd.rank())             # different on purpose: the broadcast fixes it
-model = keras.Sequential([keras.Input((synthetic.FEATURES,)), keras.layers.Dense(32, activation="tanh"),
-                          keras.layers.Dense(1)])
+model = synthetic.keras_model(keras, seed=hvd.rank(), hidden=args.hidden)   # different on purpose: the broadcast fixes it
 optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvd.size() ** 0.5))
 model.compile(optimizer=optimizer, loss="mse")
-
-ckpt = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), "keras_horovod.pkl")
-start = 0
-if os.path.exists(ckpt):
-    with open(ckpt, "rb") as f:
-        state = pickle.load(f)
-    model.set_weights(state["weights"])
-    start = state["step"]
-    print(f"RESUMED rank={hvd.rank()} step={start}", flush=True)
+start = synthetic.load_weights(model, "keras_horovod.pkl", hvd.rank())
 
 x_all, y_all = synthetic.load()
 x, y = synthetic.shard(x_all, y_all, hvd.rank(), hvd.size())
@@ -51,10 +38,7 @@ if start < args.steps:
               verbose=0)
 weights = model.get_weights()
 if hvd.rank() == 0 and start < args.steps:
-    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-    with open(ckpt + ".tmp", "wb") as f:
-        pickle.dump({"weights": weights, "step": args.steps}, f)
-    os.replace(ckpt + ".tmp", ckpt)
+    synthetic.save_weights(weights, "keras_horovod.pkl", args.steps)
 after = full_loss()
 synthetic.report("keras-horovod", hvd.rank(), hvd.size(), before, after, synthetic.digest(weights),
                  keras=synthetic.keras_flavor(keras))

@@ -17,7 +17,7 @@ info = dt.init()
 rank, world = dt.rank(), dt.world_size()
 device = dt.device()
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(synthetic.FEATURES, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+model = nn.Sequential(nn.Linear(synthetic.FEATURES, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=scale_lr(args.lr, world, "sqrt"))
 start = 0
 resumed = checkpoint.load_latest(reader=lambda f: torch.load(f, map_location=device))

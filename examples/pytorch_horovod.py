@@ -17,7 +17,7 @@ device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() els
 if device.type == "cuda":
     torch.cuda.set_device(device)
 torch.manual_seed(hvd.rank())                       # different on purpose: broadcast fixes it
-model = nn.Sequential(nn.Linear(synthetic.FEATURES, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+model = nn.Sequential(nn.Linear(synthetic.FEATURES, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size() ** 0.5)
 
 ckpt = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), "horovod_torch.pt")

@@ -15,7 +15,7 @@ import synthetic
 from disttrain import torch as dt
 
 args = synthetic.arguments()
-HIDDEN = 64
+HIDDEN = max(args.hidden, 2)          # split across the tp dimension
 
 info = dt.init()
 mesh = dt.mesh()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import pickle
 import time
 
 import numpy as np
@@ -23,6 +24,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05, help="single-process learning rate")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (demos)")
+    parser.add_argument("--hidden", type=int, default=32, help="width of the model's hidden layer")
     return parser.parse_args()
 
 
@@ -73,6 +75,34 @@ def report(framework: str, rank: int, world: int, before: float, after: float, p
     fields = " ".join(f"{k}={v}" for k, v in extra.items())
     print(f"RESULT framework={framework} rank={rank} world={world} loss_before={before:.6f} "
           f"loss_after={after:.6f} digest={param_digest} {fields}".rstrip(), flush=True)
+
+
+def keras_model(keras, seed: int = 0, hidden: int = 32):
+    """The examples' Keras model (the same architecture as the PyTorch one), seeded."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(hidden, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def load_weights(model, name: str, rank: int) -> int:
+    """Resume Keras weights from CHECKPOINT_DIR/<name>; returns the step reached (0: none)."""
+    path = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), name)
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    model.set_weights(state["weights"])
+    print(f"RESUMED rank={rank} step={state['step']}", flush=True)
+    return state["step"]
+
+
+def save_weights(weights, name: str, step: int) -> None:
+    """Rank 0 only: write Keras weights atomically to CHECKPOINT_DIR/<name>."""
+    path = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump({"weights": weights, "step": step}, f)
+    os.replace(path + ".tmp", path)
 
 
 def keras_flavor(keras_module) -> str:

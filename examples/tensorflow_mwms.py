@@ -6,7 +6,6 @@ addresses. tf.keras is tf-keras (Keras 2) because the entrypoint set TF_USE_LEGA
 
 import json
 import os
-import pickle
 
 import numpy as np
 import tensorflow as tf
@@ -24,19 +23,9 @@ keras = tf.keras
 
 x_all, y_all = synthetic.load()
 with strategy.scope():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((synthetic.FEATURES,)), keras.layers.Dense(32, activation="tanh"),
-                              keras.layers.Dense(1)])
+    model = synthetic.keras_model(keras, hidden=args.hidden)
     model.compile(optimizer=keras.optimizers.SGD(args.lr * world ** 0.5), loss="mse")
-
-ckpt = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), "tf_mwms.pkl")
-start = 0
-if os.path.exists(ckpt):
-    with open(ckpt, "rb") as f:
-        state = pickle.load(f)
-    model.set_weights(state["weights"])
-    start = state["step"]
-    print(f"RESUMED rank={index} step={start}", flush=True)
+start = synthetic.load_weights(model, "tf_mwms.pkl", index)
 
 
 def full_loss() -> float:
@@ -54,9 +43,6 @@ if start < args.steps:
               verbose=0)
 weights = model.get_weights()
 if index == 0 and start < args.steps:
-    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-    with open(ckpt + ".tmp", "wb") as f:
-        pickle.dump({"weights": weights, "step": args.steps}, f)
-    os.replace(ckpt + ".tmp", ckpt)
+    synthetic.save_weights(weights, "tf_mwms.pkl", args.steps)
 synthetic.report(os.environ.get("FRAMEWORK", "tensorflow"), index, world, before, full_loss(),
                  synthetic.digest(weights), keras=synthetic.keras_flavor(keras))

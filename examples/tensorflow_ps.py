@@ -22,9 +22,7 @@ keras = tf.keras
 x_all, y_all = synthetic.load()
 
 with strategy.scope():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((synthetic.FEATURES,)), keras.layers.Dense(32, activation="tanh"),
-                              keras.layers.Dense(1)])
+    model = synthetic.keras_model(keras, hidden=args.hidden)
     optimizer = keras.optimizers.SGD(args.lr)
 
 
