@@ -77,7 +77,7 @@ def main() -> int:
             results["rebuild"] = image.rebuild_times("cpu")
     if "training" in sections:
         step("training scaling")
-        results["training"] = training.measure(20 if args.smoke else 200, repeats, (32,) if args.smoke else (32, 1024))
+        results["training"] = training.measure(20 if args.smoke else 100, repeats, (32,) if args.smoke else (32, 1024))
 
     step("done")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))

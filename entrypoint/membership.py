@@ -42,7 +42,7 @@ def _probe(host: str, port: int) -> str | None:
         return exc.strerror or str(exc)
 
 
-MASTER_LINGER_S = 1.0
+MASTER_LINGER_S = 0.5
 
 
 class RendezvousError(Exception):
