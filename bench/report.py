@@ -105,6 +105,7 @@ def plots(results: dict, out: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per allreduce")
         ax.set_ylabel("busbw GB/s")
+        ax.set_yscale("log")
         ax.legend(fontsize=7)
         ax.set_title("Allreduce, 2 processes, loopback")
         save(fig, "allreduce.png")
