@@ -10,6 +10,7 @@ torchrun. On top of it, under the prefix `disttrain/<RUN_ID>/`:
     node/<k>/hb      heartbeat counter, bumped every second
     node/<k>/exit    its exit code, when its processes are done
     job/launch       the master's go: every node has joined, Horovod's server is up (its port)
+    job/done         the master saw every node finish successfully; workers may leave
     job/abort        why the job is being stopped, and the exit code it means (1 for a failure,
                      143 when a node was stopped with SIGTERM); every node stops its processes
 
@@ -266,9 +267,10 @@ class JobStore:
                     print(f"entrypoint: node {failed[0][0]} failed (exit {failed[0][1]})", flush=True)
                     return 1
                 if not pending:
-                    # The workers leave as soon as they see this node's exit code; leaving
-                    # a moment after them lets `compose up --abort-on-container-exit` see
-                    # the workers end first rather than stopping them while they exit.
+                    # Every node is done: the workers may leave. Leaving a moment after them
+                    # lets `compose up --abort-on-container-exit` see the workers end first
+                    # rather than stopping them while they exit.
+                    self.store.set(self._key("job/done"), "0")
                     time.sleep(MASTER_LINGER_S)
                     return 0
                 reason = self._check_workers()          # heartbeats: a dead worker ends the wait
@@ -283,14 +285,14 @@ class JobStore:
             return code       # the store is gone; this node's own result still stands
 
     def _wait_for_master(self, stop_requested) -> int:
-        """A worker whose processes succeeded stays until the master's are done too, so
-        that `compose up --abort-on-container-exit` never stops a master still finishing.
-        It waits as long as the master's heartbeat moves."""
+        """A worker whose processes succeeded stays until the master has seen every node
+        finish (job/done), so that `compose up --abort-on-container-exit`, which stops the
+        rest when one container exits, never stops a node that is still finishing. It
+        waits as long as the master's heartbeat moves."""
         last, since = -1, time.monotonic()
         while True:
-            master = self.exit_code(0)           # raises once the master closed the store
-            if master is not None:
-                return 0 if master == 0 else master if master in (130, 143) else 1
+            if self._has("job/done"):            # raises once the master closed the store
+                return 0
             if self._has("job/abort"):
                 reason, abort_code = self.abort_reason()
                 print(f"entrypoint: {reason}", flush=True)
