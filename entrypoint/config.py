@@ -56,7 +56,7 @@ VARIABLES = (
     Var("MAX_NODES", None, "elastic PyTorch: most nodes"),
     Var("MAX_RESTARTS", "0", "PyTorch native: times torchrun restarts the workers after a failure"),
     Var("RDZV_TIMEOUT", "300", "seconds to wait for the master and the other nodes"),
-    Var("PEER_TIMEOUT", "20", "seconds without a heartbeat before a node counts as dead"),
+    Var("PEER_TIMEOUT", "10", "seconds without a heartbeat before a node counts as dead"),
     Var("GRACE_PERIOD", "8", "seconds between SIGTERM and SIGKILL when stopping the workers"),
     Var("RUN_ID", "disttrain", "rendezvous id; the same on every node of one job"),
     Var("HOROVOD_PORT", None, "master only: port of Horovod's rendezvous server; default MASTER_PORT+1 "
@@ -338,7 +338,7 @@ def load_config(env: dict[str, str], frameworks: list[str], launchers: list[str]
         entrypoint=entrypoint, script_args=tuple(script_args),
         data_dir=env.get("DATA_DIR") or "/app/data", checkpoint_dir=env.get("CHECKPOINT_DIR") or "/app/checkpoints",
         min_nodes=min_nodes, max_nodes=max_nodes, max_restarts=max_restarts,
-        rdzv_timeout=_int(env, "RDZV_TIMEOUT", "300", 1), peer_timeout=_int(env, "PEER_TIMEOUT", "20", 2),
+        rdzv_timeout=_int(env, "RDZV_TIMEOUT", "300", 1), peer_timeout=_int(env, "PEER_TIMEOUT", "10", 2),
         grace_period=_int(env, "GRACE_PERIOD", "8", 0), run_id=run_id, horovod_port=horovod_port,
         node_addr=_host(env, "NODE_ADDR"), net_ifname=net_ifname,
         worker_port_base=_int(env, "WORKER_PORT_BASE", None, 1024, 65000), hostfile=hostfile,
