@@ -148,6 +148,8 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
 
     supervisor.install_signal_handlers()
     supervisor.poll = store.poll
+    supervisor.on_signal = lambda signum: store.abort(
+        f"node {node_rank} was stopped ({signal.Signals(signum).name})", 128 + signum)
     if not any(s.critical for s in specs):
         supervisor.job_finished = store.master_finished
     try:

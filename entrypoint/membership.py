@@ -244,6 +244,12 @@ class JobStore:
         """Record this node's exit. The master then waits for the workers' results, and a
         successful worker for the master's; both as long as the others' heartbeats move."""
         try:
+            if code not in (0, 128 + signal.SIGTERM, 128 + signal.SIGINT) and self._has("job/abort"):
+                reason, abort_code = self.abort_reason()
+                if abort_code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+                    # This node's processes failed because another node was being stopped.
+                    print(f"entrypoint: {reason}", flush=True)
+                    code = abort_code
             if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
                 self.abort(f"node {self.node_rank} was stopped ({signal.Signals(code - 128).name})", code)
             elif code != 0:

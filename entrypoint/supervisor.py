@@ -43,11 +43,13 @@ def exit_code(returncode: int) -> int:
 class Supervisor:
     def __init__(self, grace_period: float, out: TextIO = sys.stdout,
                  poll: Callable[[], tuple[str, int] | str | None] | None = None,
-                 job_finished: Callable[[], int | None] | None = None):
+                 job_finished: Callable[[], int | None] | None = None,
+                 on_signal: Callable[[int], None] | None = None):
         self.grace = grace_period
         self.out = out
         self.poll = poll
         self.job_finished = job_finished
+        self.on_signal = on_signal
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.signal_received: int | None = None
         self._lock = threading.Lock()
@@ -126,6 +128,10 @@ class Supervisor:
             if self.signal_received is not None:
                 name = signal.Signals(self.signal_received).name
                 self.say(f"{name} received: stopping {len(self.children)} process(es)")
+                if self.on_signal:
+                    # Tell the other nodes first: their processes are about to lose this
+                    # node's, and should read that as "stopped", not as a failure.
+                    self.on_signal(self.signal_received)
                 self.stop_all(signal.SIGTERM)
                 # The children's codes now only echo the signal (torchrun exits 1 on SIGTERM):
                 # report the signal itself, as a shell would.
