@@ -35,5 +35,9 @@ def strategy():
 
 
 def is_chief() -> bool:
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-    return task.get("type") == "chief" or (task.get("type", "worker") == "worker" and int(task.get("index", 0)) == 0)
+    """The task that writes checkpoints and logs: the chief if the cluster has one, else worker 0."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    task = tf_config.get("task", {})
+    if "chief" in tf_config.get("cluster", {}):
+        return task.get("type") == "chief"
+    return task.get("type", "worker") in ("worker", "chief") and int(task.get("index", 0)) == 0

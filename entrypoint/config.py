@@ -8,7 +8,7 @@ variable, the bad value and what is allowed. Nothing here touches the machine.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras", "mxnet")
 TRAIN_MODES = ("local", "distributed")
@@ -122,9 +122,6 @@ class Config:
     @property
     def distributed(self) -> bool:
         return self.train_mode == "distributed"
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 # --------------------------------------------------------------------------- parsing helpers

@@ -58,3 +58,15 @@ def test_checkpoint_keeps_the_last_few_and_leaves_no_temp_files(tmp_path):
     for step in range(1, 6):
         checkpoint.save({"step": step}, step, directory=str(tmp_path), rank=0, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pkl", "ckpt-00000005.pkl"]
+
+
+def test_tf_chief_is_the_chief_task_or_worker_0(monkeypatch):
+    from disttrain import tf as dtf
+
+    for task, chief in (({"type": "chief", "index": 0}, True), ({"type": "worker", "index": 0}, True),
+                        ({"type": "worker", "index": 1}, False), ({"type": "ps", "index": 0}, False)):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {}, "task": task}))
+        assert dtf.is_chief() is chief
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    assert dtf.is_chief() is False
