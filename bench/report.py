@@ -20,43 +20,38 @@ def human_bytes(n: int) -> str:
     return str(n)
 
 
+# Each section: (results key, heading, column names, one row's cells).
+SECTIONS = [
+    ("launch", "Launch overhead (process start → first line of train.py)",
+     ["processes", "launcher", "seconds", "vs"],
+     lambda r: [r["nproc"], r["name"], _fmt(r["seconds"]), f"{_fmt(r['ratio'])}× {r['baseline']}"]),
+    ("rendezvous", "Rendezvous: N nodes (1 process each, loopback) until every rank has joined",
+     ["path", "nodes", "start → all joined (s)", "last import → all joined (s)", "runs (failed)"],
+     lambda r: [r["path"], r["nodes"], _fmt(r["seconds"]), _fmt(r.get("join_seconds")),
+                f"{r['runs']} ({r['failures']})"]),
+    ("collectives", "Allreduce, 2 processes (busbw = algbw × 2(n−1)/n)",
+     ["stack", "size", "time (ms)", "algbw GB/s", "busbw GB/s"],
+     lambda r: [r["stack"], human_bytes(r["bytes"]), _fmt(r["seconds"] * 1e3, ".3f"),
+                _fmt(r["algbw_GBps"], ".3f"), _fmt(r["busbw_GBps"], ".3f")]),
+    ("image_sizes", "Images",
+     ["variant", "image GB", "base GB", "Python packages GB", "overhead ratio", "largest layers"],
+     lambda r: [r["variant"], _fmt(r["image_GB"]), _fmt(r["base_GB"]), _fmt(r["python_packages_GB"]),
+                _fmt(r["overhead_ratio"]), "<br>".join(r["largest_layers"])]),
+    ("rebuild", "Rebuild (cpu)", ["change", "seconds", "steps run", "steps cached"],
+     lambda r: [r["change"], _fmt(r["seconds"], ".1f"), ", ".join(r["steps_run"]) or "none", r["steps_cached"]]),
+    ("training", "Training (examples/pytorch_ddp.py, CPU, batch 256 per process)",
+     ["hidden width", "processes", "samples/s", "speed-up"],
+     lambda r: [r["hidden"], r["processes"], _fmt(r["samples_per_s"], ".0f"), f"{_fmt(r.get('speedup'))}×"]),
+]
+
+
 def table(results: dict) -> str:
     out = [f"Machine: {results['machine']}. Date: {results['date']}. Medians of {results['repeats']} runs.", ""]
-    if "launch" in results:
-        out += ["### Launch overhead (process start → first line of train.py)", "",
-                "| processes | launcher | seconds | vs |", "|---|---|---|---|"]
-        out += [f"| {r['nproc']} | {r['name']} | {_fmt(r['seconds'])} | {_fmt(r['ratio'])}× {r['baseline']} |"
-                for r in results["launch"]]
-        out.append("")
-    if "rendezvous" in results:
-        out += ["### Rendezvous: N nodes (1 process each, loopback) until every rank has joined", "",
-                "| path | nodes | start → all joined (s) | last import → all joined (s) | runs (failed) |",
-                "|---|---|---|---|---|"]
-        out += [f"| {r['path']} | {r['nodes']} | {_fmt(r['seconds'])} | {_fmt(r.get('join_seconds'))} | "
-                f"{r['runs']} ({r['failures']}) |" for r in results["rendezvous"]]
-        out.append("")
-    if "collectives" in results:
-        out += ["### Allreduce, 2 processes (busbw = algbw × 2(n−1)/n)", "",
-                "| stack | size | time (ms) | algbw GB/s | busbw GB/s |", "|---|---|---|---|---|"]
-        out += [f"| {r['stack']} | {human_bytes(r['bytes'])} | {_fmt(r['seconds'] * 1e3, '.3f')} | "
-                f"{_fmt(r['algbw_GBps'], '.3f')} | {_fmt(r['busbw_GBps'], '.3f')} |" for r in results["collectives"]]
-        out.append("")
-    if "image_sizes" in results:
-        out += ["### Images", "", "| variant | image GB | base GB | Python packages GB | overhead ratio | largest layers |",
-                "|---|---|---|---|---|---|"]
-        out += [f"| {r['variant']} | {_fmt(r['image_GB'])} | {_fmt(r['base_GB'])} | {_fmt(r['python_packages_GB'])} | "
-                f"{_fmt(r['overhead_ratio'])} | {'<br>'.join(r['largest_layers'])} |" for r in results["image_sizes"]]
-        out.append("")
-    if "rebuild" in results:
-        out += ["### Rebuild (cpu)", "", "| change | seconds | steps run | steps cached |", "|---|---|---|---|"]
-        out += [f"| {r['change']} | {_fmt(r['seconds'], '.1f')} | {', '.join(r['steps_run']) or 'none'} | "
-                f"{r['steps_cached']} |" for r in results["rebuild"]]
-        out.append("")
-    if "training" in results:
-        out += ["### Training (examples/pytorch_ddp.py, CPU, batch 256 per process)", "",
-                "| hidden width | processes | samples/s | speed-up |", "|---|---|---|---|"]
-        out += [f"| {r['hidden']} | {r['processes']} | {_fmt(r['samples_per_s'], '.0f')} | {_fmt(r.get('speedup'))}× |"
-                for r in results["training"]]
+    for key, heading, columns, cells in SECTIONS:
+        if key not in results:
+            continue
+        out += [f"### {heading}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        out += ["| " + " | ".join(str(c) for c in cells(r)) + " |" for r in results[key]]
         out.append("")
     return "\n".join(out)
 

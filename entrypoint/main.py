@@ -138,12 +138,11 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
         specs = plan_processes(plan, nodes, node_rank, iface=iface, horovod_addr=c.master_addr,
                                horovod_port=horovod_port, master_port=c.master_port)
     except Interrupted as exc:
-        store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous", 128 + exc.signum) \
-            if store.store else None
+        store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous", 128 + exc.signum)
         return 128 + exc.signum
     except RendezvousError as exc:
         say(f"rendezvous failed: {exc}", sys.stderr)
-        store.abort(f"node {store.node_rank}: {exc}") if store.store else None
+        store.abort(f"node {store.node_rank}: {exc}")
         return EXIT_RENDEZVOUS
 
     supervisor.install_signal_handlers()

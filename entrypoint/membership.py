@@ -44,6 +44,7 @@ def _probe(host: str, port: int) -> str | None:
 
 
 MASTER_LINGER_S = 0.5
+STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT)     # exit codes of a node stopped on purpose
 
 
 class RendezvousError(Exception):
@@ -166,6 +167,8 @@ class JobStore:
         self.store.add(self._key(f"node/{self.node_rank}/hb"), 1)
 
     def abort(self, reason: str, code: int = 1) -> None:
+        if self.store is None:
+            return        # never reached the store: there is nobody to tell
         try:
             if not self._has("job/abort"):
                 self.store.set(self._key("job/abort"), json.dumps({"reason": reason, "code": code}))
@@ -195,7 +198,7 @@ class JobStore:
                 return self._check_workers()
             code = self.exit_code(0)
             if code is not None and code != 0:
-                stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGINT)
+                stopped = code in STOPPED
                 return f"the master's processes {'were stopped' if stopped else 'failed'} (exit {code})", \
                     code if stopped else 1
             return None
@@ -213,9 +216,10 @@ class JobStore:
             return 1
 
     def _check_workers(self) -> str | None:
-        now = time.monotonic()
+        """Why the master must stop, from the workers' side: too few joined, one failed,
+        or one went silent. None while all is well."""
         c = self.config
-        if not c.elastic and now - self._started > c.rdzv_timeout:
+        if not c.elastic and time.monotonic() - self._started > c.rdzv_timeout:
             joined = len(self.registered_workers()) + 1
             if joined < c.num_nodes:
                 return (f"only {joined} of {c.num_nodes} nodes joined MASTER_ADDR:MASTER_PORT={self.endpoint} "
@@ -228,29 +232,35 @@ class JobStore:
                 if code != 0:
                     return f"node {k} failed (exit {code})"
                 continue
-            beats = int(self.store.add(self._key(f"node/{k}/hb"), 0))
-            last, since = self._seen.get(k, (-1, now))
-            if beats != last:
-                self._seen[k] = (beats, now)
-            elif now - since > self.config.peer_timeout:
+            if self._silent(k):
                 if self.config.elastic:        # torchrun re-forms the group without it
                     self._gone.add(k)
                     continue
                 return f"node {k} stopped answering (no heartbeat for {self.config.peer_timeout}s)"
         return None
 
+    def _silent(self, node: int) -> bool:
+        """True once `node`'s heartbeat counter has not moved for PEER_TIMEOUT seconds."""
+        now = time.monotonic()
+        beats = int(self.store.add(self._key(f"node/{node}/hb"), 0))
+        last, since = self._seen.get(node, (-1, now))
+        if beats != last:
+            self._seen[node] = (beats, now)
+            return False
+        return now - since > self.config.peer_timeout
+
     # ----------------------------------------------------------------- finishing
     def finish(self, code: int, stop_requested=lambda: False) -> int:
         """Record this node's exit. The master then waits for the workers' results, and a
         successful worker for the master's; both as long as the others' heartbeats move."""
         try:
-            if code not in (0, 128 + signal.SIGTERM, 128 + signal.SIGINT) and self._has("job/abort"):
+            if code not in (0, *STOPPED) and self._has("job/abort"):
                 reason, abort_code = self.abort_reason()
-                if abort_code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+                if abort_code in STOPPED:
                     # This node's processes failed because another node was being stopped.
                     print(f"entrypoint: {reason}", flush=True)
                     code = abort_code
-            if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+            if code in STOPPED:
                 self.abort(f"node {self.node_rank} was stopped ({signal.Signals(code - 128).name})", code)
             elif code != 0:
                 self.abort(f"node {self.node_rank} failed (exit {code})")
@@ -260,29 +270,17 @@ class JobStore:
             if not self.serve:
                 return self._wait_for_master(stop_requested)
             while True:
-                pending, failed = [], []
-                for k in self.registered_workers():
-                    if k in self._gone:
-                        continue
-                    worker_code = self.exit_code(k)
-                    if worker_code is None:
-                        pending.append(k)
-                    elif worker_code != 0:
-                        failed.append((k, worker_code))
-                if failed:
-                    print(f"entrypoint: node {failed[0][0]} failed (exit {failed[0][1]})", flush=True)
+                reason = self._check_workers()          # a failed or silent worker ends the wait
+                if reason:
+                    print(f"entrypoint: {reason}", flush=True)
                     return 1
-                if not pending:
+                if all(k in self._gone or self.exit_code(k) is not None for k in self.registered_workers()):
                     # Every node is done: the workers may leave. Leaving a moment after them
                     # lets `compose up --abort-on-container-exit` see the workers end first
                     # rather than stopping them while they exit.
                     self.store.set(self._key("job/done"), "0")
                     time.sleep(MASTER_LINGER_S)
                     return 0
-                reason = self._check_workers()          # heartbeats: a dead worker ends the wait
-                if reason:
-                    print(f"entrypoint: {reason}", flush=True)
-                    return 1
                 if stop_requested():
                     return 143
                 self.beat()
@@ -295,7 +293,6 @@ class JobStore:
         finish (job/done), so that `compose up --abort-on-container-exit`, which stops the
         rest when one container exits, never stops a node that is still finishing. It
         waits as long as the master's heartbeat moves."""
-        last, since = -1, time.monotonic()
         while True:
             if self._has("job/done"):            # raises once the master closed the store
                 return 0
@@ -305,10 +302,7 @@ class JobStore:
                 return abort_code
             if stop_requested():
                 return 143
-            beats = int(self.store.add(self._key("node/0/hb"), 0))
-            if beats != last:
-                last, since = beats, time.monotonic()
-            elif time.monotonic() - since > self.config.peer_timeout:
+            if self._silent(0):
                 print(f"entrypoint: the master stopped answering (no heartbeat for "
                       f"{self.config.peer_timeout}s)", flush=True)
                 return 1

@@ -98,11 +98,11 @@ def script_argv(config: Config, python: str) -> tuple[str, ...]:
 
 def _parallel_env(config: Config, world: int | None) -> dict[str, str]:
     env = {"PARALLEL_MODE": config.parallel_mode}
-    if config.parallel_mode == "data_parallel" or world is None:
-        if config.parallel_mode != "data_parallel":
-            raise ConfigError(f"PARALLEL_MODE={config.parallel_mode}: needs a fixed world size; elastic "
-                              f"training (MIN_NODES/MAX_NODES) is data_parallel only")
-        return {**env, "TP_SIZE": "1", "DP_SIZE": str(world) if world else "0"}
+    if config.parallel_mode == "data_parallel":
+        return {**env, "TP_SIZE": "1", "DP_SIZE": str(world) if world else "0"}      # 0: elastic
+    if world is None:
+        raise ConfigError(f"PARALLEL_MODE={config.parallel_mode}: needs a fixed world size; elastic "
+                          f"training (MIN_NODES/MAX_NODES) is data_parallel only")
     tp = config.tp_size or world
     if world % tp:
         raise ConfigError(f"TP_SIZE={tp}: must divide the world size {world} "
@@ -179,8 +179,6 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
                         f"~1 GiB; start the container with --shm-size=8g or --ipc=host")
 
     fw = "tensorflow" if config.framework == "keras" else config.framework
-    if config.launcher == "horovod" and config.sync_mode == "async":
-        raise ConfigError("SYNC_MODE='async': Horovod synchronises every step; allowed: sync")
     if config.tf_config and not direct:
         raise ConfigError("TF_CONFIG is set: the container runs as that one TensorFlow task (TFJob); "
                           "NPROC_PER_NODE/NUM_NODES do not apply")
@@ -191,8 +189,6 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
             and fw == "pytorch" and config.launcher == "native":
         raise ConfigError(f"MASTER_ADDR is not set: {direct.source} started {direct.world_size} ranks across "
                           f"nodes; set MASTER_ADDR (and MASTER_PORT) to rank 0's host")
-    if fw == "tensorflow" and config.sync_mode == "async" and mode == "local" and nproc < 1:
-        raise ConfigError("NPROC_PER_NODE: parameter-server training needs at least one worker")
 
     rendezvous = None
     ports_needed = 0

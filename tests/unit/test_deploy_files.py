@@ -3,6 +3,7 @@ config` (Compose v2), kubernetes-validate (Kubernetes' own OpenAPI schemas, stri
 JSON Schema for the PyTorchJob CRD. None of these can run a cluster here."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -25,8 +26,9 @@ def compose_config(*files, **env):
     cmd = [compose] + (["compose"] if compose.endswith("/docker") else [])
     for f in files:
         cmd += ["-f", str(ROOT / f)]
+    # Only the variables given here: compose interpolates ${VAR:-default} from the environment.
     result = subprocess.run(cmd + ["config", "--format", "json"], capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin:" + str(ROOT), **env, "HOME": "/tmp"})
+                            env={"PATH": os.environ["PATH"], "HOME": "/tmp", **env})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

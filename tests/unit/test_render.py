@@ -5,6 +5,8 @@ import json
 import re
 import shutil
 import subprocess
+import sys
+import tarfile
 
 import pytest
 
@@ -81,12 +83,22 @@ def test_nccl_link_and_patches_are_in_the_context():
     assert files["scripts/build-horovod.sh"].executable
 
 
-def test_patches_apply_to_the_horovod_source_layout():
-    """Each patch names files that exist in Horovod 0.28.1 and changes what the issue asks."""
-    text = "".join(p.read_text() for p in sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch")))
-    assert "+set(CMAKE_CXX_STANDARD 17)" in text
-    assert "horovod/torch/CMakeLists.txt" in text and "third_party/gloo/CMakeLists.txt" in text
-    assert "xla_mpi_ops.cc" in text and 'VERSION_LESS "2.16"' in text
+def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
+    """The real Horovod 0.28.1 sdist from the package index, patched as build-horovod.sh does."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    "--dest", str(tmp_path), "horovod==0.28.1"], check=True, timeout=300)
+    with tarfile.open(tmp_path / "horovod-0.28.1.tar.gz") as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    src = tmp_path / "horovod-0.28.1"
+    patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
+    assert len(patches) == 4
+    for patch in patches:
+        result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
+                                 str(patch)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{patch.name}: {result.stdout}{result.stderr}"
+    assert "set(CMAKE_CXX_STANDARD 17)" in (src / "CMakeLists.txt").read_text()
+    assert "-std=c++17" in (src / "third_party/gloo/CMakeLists.txt").read_text()
+    assert 'VERSION_LESS "2.16"' in (src / "horovod/tensorflow/CMakeLists.txt").read_text()
 
 
 def test_labels_carry_every_component_version():
