@@ -92,6 +92,29 @@ def test_every_variable_is_documented_in_the_readme():
     assert not missing, f"README lacks {missing}"
 
 
+def test_readme_defaults_are_the_declared_ones():
+    """A default is written once, in VARIABLES; the README's table must show that one."""
+    import re
+
+    from entrypoint.config import VARIABLES
+
+    readme = (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "README.md").read_text()
+    shown = {}
+    for line in readme.splitlines():
+        match = re.match(r"^\| ((?:`[A-Z_]+`(?:, )?)+) \| ([^|]*) \|", line)
+        if match:
+            for name in re.findall(r"`([A-Z_]+)`", match.group(1)):
+                shown.setdefault(name, match.group(2).strip())
+    wrong = {v.name: (v.default, shown.get(v.name)) for v in VARIABLES
+             if v.default is not None and shown.get(v.name) != f"`{v.default}`"}
+    assert not wrong, wrong
+
+
+def test_empty_values_count_as_unset():
+    c = config(FRAMEWORK="", NUM_NODES="", MASTER_PORT=" ", GPU_DIRECT_RDMA="")
+    assert (c.framework, c.num_nodes, c.master_port, c.nccl_env) == ("pytorch", 1, 29500, {})
+
+
 def test_mxnet_is_refused_with_a_reason():
     assert "MXNet is retired" in error(FRAMEWORK="mxnet")
 
