@@ -109,6 +109,8 @@ def cmd_list(matrix, version, registry) -> int:
             print(f"  cuda:        CUDA {v.cuda.version}, cuDNN {v.cuda.cudnn}, NCCL {v.cuda.nccl} "
                   f"(nvidia-nccl-cu12), arch {','.join(v.cuda.arch_list)}")
         print(f"  torch:       {versions.get('torch', '-')}")
+        if v.xla:
+            print(f"  torch-xla:   {v.xla.version}, libtpu {v.xla.libtpu}")
         tf = f"{v.tensorflow.package} {v.tensorflow.version}, Keras: {v.keras()}" if v.tensorflow else "-"
         print(f"  tensorflow:  {tf}")
         if hvd:

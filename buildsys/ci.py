@@ -16,8 +16,9 @@ def ci_matrix(matrix: Matrix, version: str, registry: str | None = None) -> dict
             "distro": v.distro,
             "python": v.python,
             "verified": v.verified,
-            # CUDA images need tens of GB while building: the job frees the runner's disk first.
-            "free_disk": v.accelerator == "cuda",
+            # CUDA images need tens of GB while building, the TPU one (PyPI's CUDA torch) ~8 GB:
+            # the job frees the runner's disk first.
+            "free_disk": v.accelerator in ("cuda", "tpu"),
             "tags": tags(v, matrix.repository, version, registry),
         })
     return {"include": include}

@@ -10,6 +10,12 @@ Every number here was read from the packages themselves (the wheels' metadata on
   built for; wheels exist for the Python versions in `python`.
 * Debian: the Python 3 of each release (bookworm 3.11, trixie 3.13); trixie non-free is
   also where the builder's CUDA 12.4 toolkit (nvcc) comes from.
+* torch-xla: its wheels declare no torch requirement at all, yet `_XLAC` links against
+  libtorch's C++ symbols: torch-xla 2.9.0 with torch 2.13 fails to import (`undefined
+  symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE`), with torch 2.9.0 it runs. Its
+  README pins the pair (`pip install torch==2.9.0 'torch_xla[tpu]==2.9.0'`), its `tpu`
+  extra pins libtpu, and libtpu 0.0.21 ships cp310-cp312 wheels only (Requires-Python
+  `>=3.10, <3.13`), so torch-xla 2.9's TPU support stops at Python 3.12.
 
 Each check returns a list of problems: (field, message). Empty means compatible.
 """
@@ -84,6 +90,21 @@ TENSORFLOW: dict[str, TensorflowRelease] = {
     "2.21": TensorflowRelease(("3.10", "3.13"), "12.5", "9.3", "2.27.7", "keras3"),
 }
 
+@dataclass(frozen=True)
+class TorchXlaRelease:
+    torch: str                       # the torch minor its _XLAC is built against (README's pair)
+    python: tuple[str, str]          # CPython versions with torch-xla wheels on PyPI
+    libtpu: str                      # pinned by torch-xla's `tpu` extra
+    libtpu_python: tuple[str, str] | None   # CPython range of that libtpu's wheels; None: py3-none
+
+
+TORCH_XLA: dict[str, TorchXlaRelease] = {
+    "2.7.0": TorchXlaRelease("2.7", ("3.9", "3.11"), "0.0.11.1", None),
+    "2.8.0": TorchXlaRelease("2.8", ("3.10", "3.13"), "0.0.17", None),
+    "2.8.1": TorchXlaRelease("2.8", ("3.10", "3.13"), "0.0.17", None),
+    "2.9.0": TorchXlaRelease("2.9", ("3.10", "3.13"), "0.0.21", ("3.10", "3.12")),
+}
+
 # The Python 3 that each Debian release ships: the image's interpreter comes from its base.
 DISTRO_PYTHON: dict[str, str] = {"bookworm": "3.11", "trixie": "3.13"}
 
@@ -125,6 +146,8 @@ def check_torch(variant) -> list[tuple[str, str]]:
         problems.append(("pytorch.version", f"torch {version} has no wheels for Python {variant.python}; "
                                             f"allowed: Python {release.python[0]}..{release.python[1]}"))
     tag = local_tag(version)
+    if variant.accelerator == "tpu":
+        return problems          # the torch <-> torch-xla pairing is check_xla's
     if variant.accelerator == "cpu":
         if tag != "cpu":
             problems.append(("pytorch.version", f"{version!r} on a cpu variant must be a CPU build; "
@@ -236,7 +259,52 @@ def check_horovod(variant) -> list[tuple[str, str]]:
     return problems
 
 
-CHECKS = (check_python, check_torch, check_tensorflow, check_cuda_toolchain, check_horovod)
+def check_xla(variant) -> list[tuple[str, str]]:
+    """torch-xla <-> torch <-> libtpu <-> Python, and what a TPU variant may not carry."""
+    xla = variant.xla
+    if variant.accelerator != "tpu":
+        return [("xla", f"torch-xla belongs on a TPU variant; allowed on '{variant.accelerator}': null "
+                        f"(or accelerator 'tpu')")] if xla else []
+    if xla is None:
+        return [("xla", "a TPU variant needs torch-xla; allowed: {version: ..., libtpu: ...} with version "
+                        "one of " + ", ".join(TORCH_XLA))]
+    release = TORCH_XLA.get(xla.version)
+    if release is None:
+        return [("xla.version", f"{xla.version!r} is not a known torch-xla release; allowed: "
+                                + ", ".join(TORCH_XLA))]
+    problems = []
+    if variant.pytorch is None:
+        problems.append(("pytorch", f"torch-xla {xla.version} runs on torch {release.torch}; allowed: "
+                                    f"{{version: '{release.torch}.0'}}"))
+    else:
+        version, tag = variant.pytorch.version, local_tag(variant.pytorch.version)
+        if minor(version) != release.torch:
+            problems.append(("pytorch.version", f"torch-xla {xla.version} is built against torch "
+                                                f"{release.torch} (its _XLAC links libtorch's C++ symbols); "
+                                                f"allowed: '{release.torch}.x' or '{release.torch}.x+cpu'"))
+        elif tag not in (None, "cpu"):
+            problems.append(("pytorch.version", f"{version!r}: a TPU variant has no use for a {tag} build; "
+                                                f"allowed: '{version.split('+')[0]}' (PyPI) or "
+                                                f"'{version.split('+')[0]}+cpu' (PyTorch's CPU index)"))
+    if not _in_range(variant.python, *release.python):
+        problems.append(("xla.version", f"torch-xla {xla.version} has no wheels for Python {variant.python}; "
+                                        f"allowed: Python {release.python[0]}..{release.python[1]}"))
+    if xla.libtpu != release.libtpu:
+        problems.append(("xla.libtpu", f"{xla.libtpu!r} differs from the libtpu that torch-xla {xla.version}'s "
+                                       f"'tpu' extra pins; allowed: {release.libtpu!r}"))
+    elif release.libtpu_python and not _in_range(variant.python, *release.libtpu_python):
+        problems.append(("xla.libtpu", f"libtpu {xla.libtpu} has no wheels for Python {variant.python}; "
+                                       f"allowed: Python {release.libtpu_python[0]}..{release.libtpu_python[1]}"))
+    if variant.tensorflow is not None:
+        problems.append(("tensorflow", "torch-xla and TensorFlow's TPU build would each load libtpu, and only "
+                                       "one process may hold a TPU chip; allowed on 'tpu': null"))
+    if variant.horovod is not None:
+        problems.append(("horovod", "Horovod has no XLA device support (torch-xla brings its own collectives, "
+                                    "the 'xla' process group); allowed on 'tpu': null"))
+    return problems
+
+
+CHECKS = (check_python, check_torch, check_tensorflow, check_cuda_toolchain, check_horovod, check_xla)
 
 
 def check_variant(variant) -> list[tuple[str, str]]:

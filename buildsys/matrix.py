@@ -73,6 +73,14 @@ class Cuda(Strict):
         return value
 
 
+class Xla(Strict):
+    """PyTorch/XLA: the torch-xla release and the libtpu its `tpu` extra pins."""
+    version: str
+    libtpu: str
+
+    _check = field_validator("version", "libtpu")(classmethod(lambda cls, v: _version(v)))
+
+
 class Horovod(Strict):
     version: str
     frameworks: list[Literal["pytorch", "tensorflow"]] = Field(min_length=1)
@@ -86,9 +94,10 @@ class Variant(Strict):
     description: str
     distro: Literal["bookworm", "trixie"]
     python: str
-    accelerator: Literal["cpu", "cuda"]
+    accelerator: Literal["cpu", "cuda", "tpu"]
     cuda: Cuda | None = None
     pytorch: PyTorch | None = None
+    xla: Xla | None = None
     tensorflow: TensorFlow | None = None
     horovod: Horovod | None = None
     mpi4py: str | None = None
@@ -105,6 +114,10 @@ class Variant(Strict):
         if self.tensorflow:
             names += ["tensorflow", "keras"]
         return names
+
+    def compiles_wheels(self) -> bool:
+        """Whether the builder stage compiles anything (Horovod, mpi4py) for the runtime."""
+        return bool(self.horovod or self.mpi4py)
 
     def horovod_frameworks(self) -> list[str]:
         return list(self.horovod.frameworks) if self.horovod else []
@@ -220,9 +233,9 @@ def build_variant(name: str, data: Any, defaults: dict, source: str) -> Variant:
         raise MatrixError(f"{source}: variant {name!r}: field {field!r}: {message}") from None
     if variant.accelerator == "cuda" and variant.cuda is None:
         raise MatrixError(f"{source}: variant {name!r}: field 'cuda': is required when accelerator is 'cuda'")
-    if variant.accelerator == "cpu" and variant.cuda is not None:
+    if variant.accelerator != "cuda" and variant.cuda is not None:
         raise MatrixError(f"{source}: variant {name!r}: field 'cuda': must be absent when accelerator is "
-                          f"'cpu'; allowed: accelerator 'cuda'")
+                          f"{variant.accelerator!r}; allowed: accelerator 'cuda'")
     if not variant.pytorch and not variant.tensorflow:
         raise MatrixError(f"{source}: variant {name!r}: field 'pytorch': a variant needs pytorch and/or "
                           f"tensorflow")

@@ -38,6 +38,8 @@ def component_versions(v: Variant) -> dict[str, str]:
     versions = {"python": v.python, "debian": v.distro}
     if v.pytorch:
         versions["torch"] = v.pytorch.version
+    if v.xla:
+        versions.update(torch_xla=v.xla.version, libtpu=v.xla.libtpu)
     if v.tensorflow:
         versions["tensorflow"] = v.tensorflow.version
         versions["keras"] = v.keras()
@@ -113,6 +115,10 @@ def requirements(v: Variant) -> dict[str, str]:
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:
         runtime.append(f"torch=={v.pytorch.version}")
+    if v.xla:
+        # torch-xla's wheels declare no torch requirement: the pin above is the pairing
+        # (compat.TORCH_XLA); its `tpu` extra brings libtpu (pinned again here) and tpu-info.
+        runtime += [f"torch-xla[tpu]=={v.xla.version}", f"libtpu=={v.xla.libtpu}"]
     if v.tensorflow:
         runtime.append(f"{v.tensorflow.package}=={v.tensorflow.version}")
         if v.keras() == "tf-keras":
@@ -127,6 +133,17 @@ def requirements(v: Variant) -> dict[str, str]:
     return {"runtime.txt": "\n".join(runtime) + "\n",
             "runtime-nodeps.txt": "\n".join(nodeps) + "\n",
             "build.txt": "\n".join(build) + "\n"}
+
+
+def runtime_apt(v: Variant) -> list[str]:
+    """Debian packages the runtime stage adds to the base's Python, tini and tools."""
+    packages = []
+    if "mpi" in v.launchers():
+        packages.append("openmpi-bin")
+    if v.xla:
+        # torch-xla's _XLAC links libpython3.X.so.1.0, which Debian's python3 does not install.
+        packages.append(f"libpython{v.python}")
+    return packages
 
 
 def horovod_env(v: Variant) -> list[tuple[str, str]]:
@@ -170,7 +187,8 @@ def _environment() -> jinja2.Environment:
 
 
 def render_dockerfile(v: Variant) -> str:
-    text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v))
+    text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
+                                                                runtime_apt=runtime_apt(v))
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0
     for line in text.splitlines():

@@ -93,7 +93,8 @@ def compare_versions(output: str, v: Variant) -> tuple[bool, str]:
         return False, "no VERSIONS line in output"
     found = json.loads(match.group(1))
     promised = manifest(v)["versions"]
-    pairs = {"torch": "torch", "tensorflow": "tensorflow", "horovod": "horovod", "mpi4py": "mpi4py"}
+    pairs = {"torch": "torch", "tensorflow": "tensorflow", "horovod": "horovod", "mpi4py": "mpi4py",
+             "torch_xla": "torch_xla", "libtpu": "libtpu"}
     def same(installed: str | None, wanted: str) -> bool:
         # PyPI's CUDA torch reports '2.6.0+cu124' for the '2.6.0' the matrix asks for.
         return installed == wanted or ("+" not in wanted and str(installed).startswith(wanted + "+"))
@@ -103,6 +104,18 @@ def compare_versions(output: str, v: Variant) -> tuple[bool, str]:
     if wrong:
         return False, f"installed != promised: {wrong}"
     return True, ", ".join(f"{k} {val}" for k, val in sorted(found.items()))
+
+
+def check_xla_reduction(output: str, devices: int, width: int) -> tuple[bool, str]:
+    """xla_cpu.py's line: the SPMD sum over `devices` XLA CPU devices of rows [d + 1] * width."""
+    match = re.search(r"RESULT xla devices=(\d+) sharding=(\S+) sum=(\[.*?\])", output)
+    if not match:
+        return False, "no 'RESULT xla' line in output"
+    found, sharding, total = int(match.group(1)), match.group(2), json.loads(match.group(3))
+    expected = expected_sum(devices, width)
+    if found != devices or total != expected:
+        return False, f"expected devices={devices} sum={expected}, got devices={found} sum={total}"
+    return True, f"{devices} XLA CPU devices, sharding {sharding}, sum={expected}"
 
 
 def largest_layers(history: list[dict], count: int = 5) -> list[str]:
@@ -180,6 +193,11 @@ def run_smoke_tests(image: str, v: Variant) -> list[CheckResult]:
                                    "/smoke/torch_allreduce.py"])
         results.append(_result("torch.distributed gloo allreduce (2 processes)", code, output,
                                check_allreduce(output, "torch", 2, 4)))
+
+    if v.xla:
+        code, output = runner.run(["python3", "/smoke/xla_cpu.py"], env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"})
+        results.append(_result("torch-xla SPMD reduction (XLA CPU client, 2 devices)", code, output,
+                               check_xla_reduction(output, 2, 4)))
 
     if v.mpi4py:
         code, output = runner.run(["mpirun", "-np", "2", "python3", "/smoke/mpi_allreduce.py"])

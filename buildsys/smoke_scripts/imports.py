@@ -15,6 +15,11 @@ if manifest.get("horovod"):
     found["horovod"] = horovod.__version__
     for framework in manifest["horovod"]["frameworks"]:
         importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+if "torch_xla" in manifest["versions"]:
+    import libtpu
+    import torch_xla
+    found["torch_xla"] = torch_xla.__version__
+    found["libtpu"] = libtpu.__version__
 if "mpi4py" in manifest["versions"]:
     import mpi4py
     found["mpi4py"] = mpi4py.__version__

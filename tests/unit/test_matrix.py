@@ -74,8 +74,8 @@ def test_wrong_type_list_as_string():
 
 
 def test_bad_enum_value_lists_choices():
-    message = broken(lambda d: d["variants"]["cpu"].update(accelerator="tpu"))
-    assert "'tpu'" in message and "'cpu', 'cuda'" in message
+    message = broken(lambda d: d["variants"]["cpu"].update(accelerator="rocm"))
+    assert "'rocm'" in message and "'cpu', 'cuda', 'tpu'" in message
 
 
 def test_mxnet_is_not_a_horovod_framework():
@@ -169,6 +169,61 @@ def test_alias_collision():
 def test_bad_arch():
     message = broken(lambda d: d["variants"]["cu124"]["cuda"].update(arch_list=["sm_90"]))
     assert "field 'cuda.arch_list'" in message and "compute capability" in message
+
+
+def test_tpu_variant_pairs_torch_xla_with_its_torch_and_libtpu():
+    tpu = load_matrix(ROOT / "matrix.yaml").variants["tpu"]
+    release = compat.TORCH_XLA[tpu.xla.version]
+    assert compat.minor(tpu.pytorch.version) == release.torch and tpu.xla.libtpu == release.libtpu
+    assert tpu.frameworks() == ["pytorch"] and tpu.launchers() == ["native"] and not tpu.compiles_wheels()
+
+
+def test_torch_xla_needs_its_own_torch():
+    message = broken(lambda d: d["variants"]["tpu"]["pytorch"].update(version="2.8.0"))
+    assert "field 'pytorch.version'" in message and "torch-xla 2.9.0 is built against torch 2.9" in message
+
+
+def test_tpu_torch_is_pypi_or_cpu_build():
+    message = broken(lambda d: d["variants"]["tpu"]["pytorch"].update(version="2.9.0+cu126"))
+    assert "field 'pytorch.version'" in message and "'2.9.0+cpu'" in message
+
+
+def test_libtpu_is_the_one_torch_xla_pins():
+    message = broken(lambda d: d["variants"]["tpu"]["xla"].update(libtpu="0.0.17"))
+    assert "field 'xla.libtpu'" in message and "allowed: '0.0.21'" in message
+
+
+def test_libtpu_has_no_python_3_13_wheels():
+    message = broken(lambda d: d["variants"]["tpu"].update(distro="trixie", python="3.13"))
+    assert "field 'xla.libtpu'" in message and "Python 3.13" in message and "3.10..3.12" in message
+
+
+def test_unknown_torch_xla_release():
+    message = broken(lambda d: d["variants"]["tpu"]["xla"].update(version="2.10.0"))
+    assert "field 'xla.version'" in message and "2.9.0" in message
+
+
+def test_torch_xla_only_on_a_tpu_variant():
+    message = broken(lambda d: d["variants"]["cpu"].update(xla={"version": "2.9.0", "libtpu": "0.0.21"}))
+    assert "field 'xla'" in message and "accelerator 'tpu'" in message
+
+
+def test_tpu_variant_needs_torch_xla():
+    message = broken(lambda d: d["variants"]["tpu"].pop("xla"))
+    assert "field 'xla'" in message and "needs torch-xla" in message
+
+
+def test_tpu_variant_refuses_horovod_and_tensorflow():
+    message = broken(lambda d: d["variants"]["tpu"].update(horovod={"frameworks": ["pytorch"]}))
+    assert "field 'horovod'" in message and "no XLA device support" in message
+    message = broken(lambda d: d["variants"]["tpu"].update(
+        tensorflow={"package": "tensorflow", "version": "2.20.0", "keras": "tf-keras"}))
+    assert "field 'tensorflow'" in message and "libtpu" in message
+
+
+def test_cuda_block_on_a_tpu_variant():
+    message = broken(lambda d: d["variants"]["tpu"].update(cuda=d["variants"]["cu124"]["cuda"]))
+    assert "field 'cuda'" in message and "'tpu'" in message
 
 
 def test_version_helpers():

@@ -60,7 +60,8 @@ def test_multi_stage_layout(name):
     v = MATRIX.variants[name]
     text = render.render_dockerfile(v)
     stages = re.findall(r"^FROM (\S+) AS (\w+)", text, re.M)
-    assert [s[1] for s in stages] == ["base", "builder", "wheels", "runtime"]
+    compiled = ["builder", "wheels"] if v.compiles_wheels() else []
+    assert [s[1] for s in stages] == ["base", *compiled, "runtime"]
     assert "# syntax=" not in text
     runtime = text.split("AS runtime", 1)[1]
     assert "build-essential" not in runtime and "nvidia-cuda-toolkit" not in runtime
@@ -151,3 +152,14 @@ def test_requirements_keep_tf_keras_off_the_tensorflow_dependency():
     assert "tensorflow-cpu==2.21.0" in req["runtime.txt"]
     assert "tf-keras~=2.21.0" in req["runtime-nodeps.txt"] and "tf-keras" not in req["runtime.txt"]
     assert "torch==2.13.0+cpu" in req["runtime.txt"]
+
+
+def test_tpu_requirements_pair_torch_xla_with_torch_and_libtpu():
+    v = MATRIX.variants["tpu"]
+    runtime = render.requirements(v)["runtime.txt"].splitlines()
+    assert "torch==2.9.0" in runtime and "torch-xla[tpu]==2.9.0" in runtime and "libtpu==0.0.21" in runtime
+    base = render.render_dockerfile(v).split("AS runtime", 1)[0]
+    assert "libpython3.11" in base and "openmpi-bin" not in base       # _XLAC links libpython; no MPI launcher
+    assert "openmpi-bin" in render.render_dockerfile(MATRIX.variants["cpu"])
+    versions = render.manifest(v)["versions"]
+    assert versions["torch_xla"] == "2.9.0" and versions["libtpu"] == "0.0.21"
