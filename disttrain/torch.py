@@ -1,16 +1,27 @@
-"""PyTorch helpers: one init for torchrun, Horovod and mpirun, the mesh for PARALLEL_MODE,
-sync or local-SGD training, and a shutdown that cannot strand a peer.
+"""PyTorch helpers: one init for torchrun, Horovod, mpirun and PyTorch/XLA, the mesh for
+PARALLEL_MODE, sync or local-SGD training, and a shutdown that cannot strand a peer.
 
     from disttrain import torch as dt
-    dt.init()
-    model = dt.wrap_model(model.to(dt.device()))
-    optimizer = dt.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=...), model)
-    ...
-    dt.shutdown()
+
+    def main():
+        dt.init()                  # gloo / NCCL / Horovod, or the xla:// group under PJRT_DEVICE
+        model = dt.wrap_model(model.to(dt.device()))
+        optimizer = dt.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=...), model)
+        ...
+        dt.shutdown()
+
+    if __name__ == "__main__":
+        dt.launch(main)            # PyTorch/XLA on a host: one process per TPU chip; else main()
+
+Under PyTorch/XLA (PJRT_DEVICE set: the tpu variant on a TPU host, or XLA's CPU client)
+device() is the XLA device, init() joins the 'xla' process group through xla://, and
+wrap_model wraps in DDP over it. Step with `torch_xla.sync()` (or `sync()` here) after
+optimizer.step(): XLA runs the traced step then.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import os
@@ -27,7 +38,15 @@ def uses_horovod(info: RankInfo | None = None) -> bool:
     return (info or context()).launcher == "horovod"
 
 
+def uses_xla() -> bool:
+    """PyTorch/XLA runs this process: PJRT_DEVICE names its device (TPU, CPU)."""
+    return bool(os.environ.get("PJRT_DEVICE"))
+
+
 def device() -> torch.device:
+    if uses_xla():
+        import torch_xla
+        return torch_xla.device()
     info = context()
     if torch.cuda.is_available():
         return torch.device("cuda", info.local_rank % torch.cuda.device_count())
@@ -35,8 +54,17 @@ def device() -> torch.device:
 
 
 def init(backend: str | None = None, timeout_s: int = 1800) -> RankInfo:
-    """Join the job: horovod.init() under LAUNCHER=horovod, else init_process_group."""
+    """Join the job: horovod.init() under LAUNCHER=horovod, the 'xla' group under PyTorch/XLA,
+    else init_process_group (gloo, or NCCL on GPUs)."""
     info = context()
+    if uses_xla():
+        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the 'xla' backend)
+        import torch_xla.runtime as xr
+        if not dist.is_initialized():
+            dist.init_process_group("xla", init_method="xla://", timeout=_dt.timedelta(seconds=timeout_s))
+        # Ranks are PJRT's (a rank per XLA device), not the launcher's.
+        return dataclasses.replace(info, rank=dist.get_rank(), world_size=dist.get_world_size(),
+                                   local_rank=xr.local_ordinal(), local_world_size=xr.local_device_count())
     if torch.cuda.is_available():
         torch.cuda.set_device(device())
     if uses_horovod(info):
@@ -52,6 +80,41 @@ def init(backend: str | None = None, timeout_s: int = 1800) -> RankInfo:
     return info
 
 
+class _Launched:
+    """Picklable fn(*args) for torch_xla.launch, which passes the device index first."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __call__(self, _index):
+        self.fn(*self.args)
+
+
+def launch(fn, *args) -> None:
+    """Run fn(*args) as this host's training processes. Under PyTorch/XLA started one process
+    per host (the entrypoint's default on TPU; not under torchrun) that is torch_xla.launch:
+    one process per TPU chip (XLA's CPU client: one process, CPU_NUM_DEVICES devices). Else
+    fn runs here, once: the launcher already started a process per device."""
+    if uses_xla() and not dist.is_torchelastic_launched():
+        if os.environ["PJRT_DEVICE"].upper() == "CPU" and int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
+            # torch_xla runs CPU devices as threads of one process, and their concurrent compiles
+            # give the same collective different op ids: XLA aborts the step after 10 s.
+            raise RuntimeError("dt.launch: one XLA CPU device per process (CPU_NUM_DEVICES="
+                               f"{os.environ['CPU_NUM_DEVICES']}); for several, shard one program over "
+                               "them with torch_xla.distributed.spmd")
+        import torch_xla
+        torch_xla.launch(_Launched(fn, args))
+    else:
+        fn(*args)
+
+
+def sync() -> None:
+    """Run the traced step on the XLA device (torch_xla.sync); nothing elsewhere."""
+    if uses_xla():
+        import torch_xla
+        torch_xla.sync()
+
+
 def rank() -> int:
     return _state["hvd"].rank() if "hvd" in _state else (dist.get_rank() if dist.is_initialized() else 0)
 
@@ -64,6 +127,9 @@ def mesh():
     """A (dp, tp) DeviceMesh from PARALLEL_MODE/TP_SIZE: 'dp' replicates, 'tp' splits the model."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if uses_xla():
+        raise RuntimeError("dt.mesh(): the (dp, tp) DeviceMesh is for CPU and CUDA devices; on XLA use "
+                           "torch_xla.distributed.spmd.Mesh")
     info = context()
     dp, tp = info.dp_size or world_size() // max(1, info.tp_size), info.tp_size
     if dp * tp != world_size():
@@ -84,6 +150,8 @@ def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if uses_xla():
+        return DDP(model, gradient_as_bucket_view=True)     # as torch_xla's PJRT guide wraps it
     ids = [device().index] if device().type == "cuda" else None
     ddp = DDP(model, device_ids=ids)
     if info.sync_mode == "async":
@@ -130,6 +198,17 @@ def barrier() -> None:
         _state["hvd"].allreduce(torch.zeros(1), name="disttrain.barrier")
     elif dist.is_initialized():
         dist.barrier()
+
+
+def to_cpu(obj):
+    """A copy of a (nested) state with every tensor on the CPU: XLA tensors for torch.save."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

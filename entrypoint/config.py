@@ -23,10 +23,12 @@ PARALLEL_MODES = ("data_parallel", "model_parallel", "hybrid")
 LAUNCHERS = ("native", "horovod", "mpi")
 SYNC_MODES = ("sync", "async")
 COMM_DEBUG = ("off", "warn", "info", "trace")
+ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_:]*[A-Za-z0-9])?$")
 
 # Why a known framework is missing from an image, when there is more to say than "not here".
-NOT_IN_IMAGE = {"mxnet": "MXNet is retired upstream (Apache attic, 2023) and this image does not carry it"}
+NOT_IN_IMAGE = {"mxnet": "MXNet is retired upstream (Apache attic, 2023) and this image does not carry it",
+                "tpu": "TPUs need PyTorch/XLA, which only the tpu variant carries"}
 
 
 class ConfigError(Exception):
@@ -39,9 +41,10 @@ def _fail(name: str, value: str, allowed: str) -> ConfigError:
 
 @dataclass(frozen=True)
 class Image:
-    """What the image carries (its manifest): the frameworks and launchers it may be asked for."""
+    """What the image carries (its manifest): the frameworks, launchers and accelerators it may be asked for."""
     frameworks: tuple[str, ...]
     launchers: tuple[str, ...]
+    accelerators: tuple[str, ...] = ("auto", "cpu", "gpu")
 
 
 # --------------------------------------------------------------------------- kinds
@@ -142,7 +145,11 @@ VARIABLES = (
     Var("NODE_RANK", Int(0), None, "this node's rank; master is 0; workers without it get one at rendezvous"),
     Var("MASTER_ADDR", HOST, None, "master's host name or IP (required when distributed)"),
     Var("MASTER_PORT", PORT, "29500", "rendezvous port on the master"),
-    Var("NPROC_PER_NODE", Int(1, auto=True), None, "processes per node; default (or 'auto'): visible GPUs, else 1"),
+    Var("ACCELERATOR", Choice(ACCELERATORS, "accelerators"), "auto",
+        "auto | cpu | gpu | tpu: what the processes run on; auto: TPU if this host has one (tpu variant), "
+        "else GPUs if visible, else CPU"),
+    Var("NPROC_PER_NODE", Int(1, auto=True), None, "processes per node; default (or 'auto'): visible GPUs, else 1 "
+                                                   "(on TPU: 1 per host)"),
     Var("PARALLEL_MODE", Choice(PARALLEL_MODES), "data_parallel", "data_parallel | model_parallel | hybrid"),
     Var("TP_SIZE", Int(1), None, "size of the model-parallel dimension (model_parallel: default world size; "
                                  "hybrid: required)"),
@@ -163,6 +170,8 @@ VARIABLES = (
         "rendezvous id; the same on every node of one job"),
     Var("HOROVOD_PORT", PORT, None, "master only: port of Horovod's rendezvous server; default MASTER_PORT+1 "
                                     "(workers learn it at rendezvous)"),
+    Var("XLA_PORT", PORT, None, "PyTorch/XLA across nodes: port of the xla:// store on the master; default "
+                                "MASTER_PORT+1"),
     Var("NODE_ADDR", HOST, None, "address other nodes reach this node at; default: the one routing to MASTER_ADDR"),
     Var("NET_IFNAME", Text(r"^[A-Za-z0-9_.:@-]{1,15}$", "must be a network interface name like eth0"), None,
         "network interface for NCCL/Gloo/Horovod; default: the one routing to MASTER_ADDR"),
@@ -213,6 +222,8 @@ class Config:
     net_ifname: str | None
     worker_port_base: int | None
     hostfile: str | None
+    accelerator: str = "auto"
+    xla_port: int | None = None
     ib_hca: str | None = None
     gpu_direct_rdma: bool | None = None
     p2p_disable: bool | None = None
@@ -356,6 +367,14 @@ def horovod_port(v: Values, env: dict) -> Values:
     return {}
 
 
+def xla_port(v: Values, env: dict) -> Values:
+    if v["XLA_PORT"] is None:
+        return {"XLA_PORT": v["MASTER_PORT"] + 1 if v["MASTER_PORT"] < 65535 else v["MASTER_PORT"] - 1}
+    if v["XLA_PORT"] == v["MASTER_PORT"]:
+        raise _fail("XLA_PORT", env["XLA_PORT"], f"must differ from MASTER_PORT ({v['MASTER_PORT']})")
+    return {}
+
+
 def tf_config_is_tensorflows(v: Values, env: dict) -> Values:
     if env.get("TF_CONFIG") and v["FRAMEWORK"] not in ("tensorflow", "keras"):
         raise ConfigError(f"TF_CONFIG is set but FRAMEWORK={v['FRAMEWORK']}; TF_CONFIG is for "
@@ -384,16 +403,18 @@ def nccl_settings(v: Values, env: dict) -> Values:
 
 RULES: tuple[Callable[[Values, dict], Values], ...] = (
     elastic_bounds, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
-    restarts_are_torchruns, hostfile_is_mpis, horovod_port, tf_config_is_tensorflows, nccl_settings,
+    restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, tf_config_is_tensorflows, nccl_settings,
 )
 
 
 # --------------------------------------------------------------------------- the contract
 
 def load_config(env: dict[str, str], frameworks: list[str], launchers: list[str],
-                script_args: tuple[str, ...] = (), sources: dict[str, str] | None = None) -> Config:
-    """Validate every variable. `frameworks`/`launchers` are what the image carries."""
-    image = Image(tuple(frameworks), tuple(launchers))
+                script_args: tuple[str, ...] = (), sources: dict[str, str] | None = None,
+                xla: bool = False) -> Config:
+    """Validate every variable. `frameworks`/`launchers` are what the image carries; `xla`:
+    it carries PyTorch/XLA (so ACCELERATOR=tpu is allowed)."""
+    image = Image(tuple(frameworks), tuple(launchers), ACCELERATORS if xla else Image.accelerators)
     values: Values = {var.name: var.read(env, image) for var in VARIABLES}
     for rule in RULES:
         values = {**values, **rule(values, env)}

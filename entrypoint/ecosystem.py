@@ -11,6 +11,8 @@ So that one image runs under Kubeflow, Slurm, mpirun and TFJob unchanged:
 * mpirun (OMPI_COMM_WORLD_*) and MPICH/Intel MPI (PMI_RANK, PMI_SIZE): each process is one
   rank, run directly. LAUNCHER=mpi relies on this: mpirun starts the entrypoint per rank.
 * TFJob: TF_CONFIG is passed through untouched; the container runs its one task.
+* TPU slices (GKE sets these for TPU pods; so may a user): TPU_WORKER_HOSTNAMES gives
+  NUM_NODES and MASTER_ADDR (its first host), TPU_WORKER_ID the NODE_RANK.
 
 Explicit variables win. If an explicit variable and a scheduler's variable disagree, that
 is an error rather than a guess.
@@ -148,6 +150,16 @@ def _slurm(env: dict[str, str], c: _Collector) -> DirectRank | None:
                       local_world_size=local_world)
 
 
+def _tpu_slice(env: dict[str, str], c: _Collector) -> bool:
+    hosts = [h.strip() for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if len(hosts) > 1:
+        c.put("NUM_NODES", len(hosts), "TPU_WORKER_HOSTNAMES")
+        c.put("MASTER_ADDR", hosts[0], "TPU_WORKER_HOSTNAMES")
+    if "TPU_WORKER_ID" in env and len(hosts) != 1:
+        c.put("NODE_RANK", _int("TPU_WORKER_ID", env["TPU_WORKER_ID"]), "TPU_WORKER_ID")
+    return len(hosts) > 1
+
+
 def _mpi(env: dict[str, str]) -> DirectRank | None:
     if "OMPI_COMM_WORLD_RANK" in env:
         g = lambda k, d=None: _int(k, env.get(k, d))  # noqa: E731
@@ -172,6 +184,8 @@ def translate(env: dict[str, str]) -> Translation:
         scheduler, direct = "slurm", _slurm(env, c)
     elif _kubeflow(env, c):
         scheduler = "kubeflow"
+    elif _tpu_slice(env, c):
+        scheduler = "tpu-slice"
     if env.get("TF_CONFIG"):
         scheduler = scheduler or "tfjob"
         if env.get("TRAIN_MODE", "distributed") != "distributed":

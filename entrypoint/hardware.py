@@ -1,10 +1,12 @@
-"""Facts about this machine: GPUs, CPUs, /dev/shm, network. The only place that looks.
+"""Facts about this machine: GPUs, TPUs, CPUs, /dev/shm, network. The only place that looks.
 
 `choose_interface` is pure (it takes the interface table); the rest reads the machine.
+The TPU readers take the root of /sys and /dev, so tests hand them a tree as data.
 """
 
 from __future__ import annotations
 
+import glob
 import ipaddress
 import os
 import re
@@ -35,6 +37,44 @@ def gpu_count(env: dict[str, str]) -> int:
         return 0
 
 
+# --------------------------------------------------------------------------- TPUs
+# A Cloud TPU VM's chips are PCI functions of Google's vendor id; the device ids are the
+# ones torch_xla (torch_xla/_internal/tpu.py) and JAX (jax/_src/hardware_utils.py) read.
+# /sys is visible in every container; the chips' device files are not: libtpu opens
+# /dev/accelN (TPU v2-v4, v5p) or /dev/vfio/N (v5e, v6e), which a container sees only when
+# started with --privileged (or --device).
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e",
+                   "0x006f": "v6e", "0x0076": "tpu7x"}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def tpu_chips(sys_root: str = "/sys") -> tuple[int, str | None]:
+    """(number of TPU chips on the PCI bus, their generation) from sysfs."""
+    count, kind = 0, None
+    for vendor in sorted(glob.glob(os.path.join(sys_root, "bus/pci/devices/*/vendor"))):
+        if _read(vendor) != GOOGLE_PCI_VENDOR:
+            continue
+        device = _read(os.path.join(os.path.dirname(vendor), "device"))
+        if device in TPU_PCI_DEVICES:
+            count, kind = count + 1, TPU_PCI_DEVICES[device]
+    return count, kind
+
+
+def tpu_device_files(dev_root: str = "/dev") -> tuple[str, ...]:
+    """The TPU device files this container can open: /dev/accelN and /dev/vfio/N."""
+    found = glob.glob(os.path.join(dev_root, "accel*")) + glob.glob(os.path.join(dev_root, "vfio", "*"))
+    names = [f for f in found if re.fullmatch(r"accel\d+|\d+", os.path.basename(f))]
+    return tuple(sorted(names, key=lambda f: (os.path.dirname(f), int(re.sub(r"\D", "", os.path.basename(f))))))
+
+
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -50,8 +90,10 @@ def shm_bytes() -> int | None:
         return None
 
 
-def detect(env: dict[str, str]) -> Hardware:
-    return Hardware(gpus=gpu_count(env), cpus=cpu_count(), shm_bytes=shm_bytes())
+def detect(env: dict[str, str], sys_root: str = "/sys", dev_root: str = "/dev") -> Hardware:
+    chips, kind = tpu_chips(sys_root)
+    return Hardware(gpus=gpu_count(env), cpus=cpu_count(), shm_bytes=shm_bytes(), tpu_chips=chips,
+                    tpu_kind=kind, tpu_devices=tpu_device_files(dev_root) if chips else ())
 
 
 # --------------------------------------------------------------------------- network

@@ -41,16 +41,19 @@ def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
     image = manifest.load(env)
     translation = translate(env)
     config = load_config(translation.env, image.frameworks, image.launchers, tuple(script_args),
-                         translation.sources)
-    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable)
+                         translation.sources, xla=image.xla)
+    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla)
 
 
 def preflight_summary(plan: NodePlan) -> str:
     hw = plan.hardware
     shm = f"{hw.shm_bytes / 2**20:.0f} MiB" if hw.shm_bytes is not None else "unknown"
     c = plan.config
-    return (f"preflight: {hw.gpus} GPU(s), {hw.cpus} CPU(s), /dev/shm {shm}; FRAMEWORK={c.framework} "
-            f"LAUNCHER={c.launcher} TRAIN_MODE={c.train_mode} NPROC_PER_NODE={plan.nproc}")
+    accel = plan.accelerator
+    xla = f", PJRT_DEVICE={accel.pjrt_device}" if accel.xla else ""
+    return (f"preflight: accelerator {accel.kind}{xla}; {hw.gpus} GPU(s), {hw.tpu_text()}, {hw.cpus} CPU(s), "
+            f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher} TRAIN_MODE={c.train_mode} "
+            f"NPROC_PER_NODE={plan.nproc}")
 
 
 def check_script(plan: NodePlan) -> None:

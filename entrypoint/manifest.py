@@ -20,6 +20,7 @@ class Manifest:
     frameworks: list[str]
     launchers: list[str]
     variant: str = "unknown"
+    xla: bool = False                  # carries PyTorch/XLA (the tpu variant)
 
 
 def detect() -> Manifest:
@@ -28,7 +29,7 @@ def detect() -> Manifest:
 
     frameworks = (["pytorch"] if has("torch") else []) + (["tensorflow", "keras"] if has("tensorflow") else [])
     launchers = ["native"] + (["horovod"] if has("horovod") else []) + (["mpi"] if shutil.which("mpirun") else [])
-    return Manifest(frameworks, launchers, "detected")
+    return Manifest(frameworks, launchers, "detected", xla=has("torch") and has("torch_xla"))
 
 
 def load(env: dict[str, str]) -> Manifest:
@@ -37,4 +38,5 @@ def load(env: dict[str, str]) -> Manifest:
         return detect()
     with open(path) as f:
         data = json.load(f)
-    return Manifest(list(data["frameworks"]), list(data["launchers"]), data.get("variant", "unknown"))
+    return Manifest(list(data["frameworks"]), list(data["launchers"]), data.get("variant", "unknown"),
+                    xla="torch_xla" in data.get("versions", {}))

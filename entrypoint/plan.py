@@ -17,6 +17,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
+from . import accelerators
+from .accelerators import Accelerator
 from .config import Config, ConfigError
 from .ecosystem import DirectRank
 
@@ -28,6 +30,16 @@ class Hardware:
     gpus: int
     cpus: int
     shm_bytes: int | None = None
+    tpu_chips: int = 0                       # Google TPU chips on the PCI bus
+    tpu_kind: str | None = None              # their generation: v4, v5e, ...
+    tpu_devices: tuple[str, ...] = ()        # their device files this container can open
+
+    def tpu_text(self) -> str:
+        if not self.tpu_chips:
+            return "no TPU"
+        files = f"{self.tpu_devices[0]}..{self.tpu_devices[-1]}" if len(self.tpu_devices) > 1 else \
+            (self.tpu_devices[0] if self.tpu_devices else "no device files")
+        return f"{self.tpu_chips} TPU {self.tpu_kind} chip(s) ({files})"
 
 
 @dataclass(frozen=True)
@@ -78,12 +90,19 @@ class NodePlan:
     python: str = "python3"
     ports_needed: int = 0            # free ports this node must reserve (TensorFlow)
     hardware: Hardware | None = None
+    accelerator: Accelerator = Accelerator("cpu")
+    user_tpu_env: tuple[tuple[str, str], ...] = ()    # TPU_WORKER_* the platform set itself
+
+    @property
+    def xla_host(self) -> bool:
+        """One PyTorch/XLA process per host, started directly; it starts its own per-device ranks."""
+        return self.accelerator.xla and self.nproc == 1 and self.mode in ("local", "distributed")
 
     @property
     def world_size(self) -> int | None:
         if self.direct:
             return self.direct.world_size
-        if self.config.elastic:
+        if self.config.elastic or self.xla_host:
             return None
         return self.nproc * (self.config.num_nodes if self.mode == "distributed" else 1)
 
@@ -116,7 +135,8 @@ def _parallel_env(config: Config, world: int | None) -> dict[str, str]:
     return {**env, "TP_SIZE": str(tp), "DP_SIZE": str(dp)}
 
 
-def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, user_env: dict[str, str]) -> dict:
+def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, user_env: dict[str, str],
+                accel: Accelerator) -> dict:
     env = {
         "PYTHONUNBUFFERED": "1",
         "FRAMEWORK": config.framework,
@@ -131,6 +151,10 @@ def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, use
     }
     if "OMP_NUM_THREADS" not in user_env:
         env["OMP_NUM_THREADS"] = str(max(1, hw.cpus // max(1, nproc)))
+    if accel.xla:
+        env["PJRT_DEVICE"] = accel.pjrt_device
+    elif config.accelerator == "cpu" and hw.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""          # ACCELERATOR=cpu on a GPU host
     if config.framework in ("tensorflow", "keras"):
         # Keras 3 breaks MultiWorkerMirroredStrategy and horovod.tensorflow.keras: use tf-keras.
         env.setdefault("TF_USE_LEGACY_KERAS", user_env.get("TF_USE_LEGACY_KERAS", "1"))
@@ -139,11 +163,17 @@ def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, use
     return env
 
 
-def _launcher_text(config: Config, mode: str) -> str:
+def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) -> str:
     endpoint = f"{config.master_addr}:{config.master_port}"
     fw = "tensorflow" if config.framework == "keras" else config.framework
     if mode == "direct":
         return "direct: this process is one rank, started by an outer launcher"
+    if accel.xla and nproc == 1:
+        per_device = "torch_xla.launch starts one process per chip" if accel.kind == "tpu" else \
+            "XLA's CPU client: CPU_NUM_DEVICES devices in this process"
+        store = f"xla:// store on {config.master_addr}:{config.xla_port}" if mode == "distributed" else \
+            "xla:// store on 127.0.0.1"
+        return f"one PyTorch/XLA process per host, PJRT_DEVICE={accel.pjrt_device} ({per_device}; {store})"
     if config.launcher == "mpi":
         return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={config.hostfile}" if config.hostfile else "")
     if config.launcher == "horovod":
@@ -152,29 +182,36 @@ def _launcher_text(config: Config, mode: str) -> str:
         return f"Horovod gloo workers, no SSH ({where})"
     if fw == "pytorch":
         if mode == "local":
-            return "torchrun --standalone"
+            return "torchrun --standalone" + (f" (PJRT_DEVICE={accel.pjrt_device}, one process per chip)"
+                                              if accel.xla else "")
         nnodes = f"{config.min_nodes}:{config.max_nodes}" if config.elastic else str(config.num_nodes)
-        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint})"
+        xla = f", PJRT_DEVICE={accel.pjrt_device}, one process per chip" if accel.xla else ""
+        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla})"
     strategy = "ParameterServerStrategy (chief + ps on the master)" if config.sync_mode == "async" \
         else "MultiWorkerMirroredStrategy"
     return f"TF_CONFIG for {strategy}"
 
 
 def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = None,
-              direct: DirectRank | None = None, python: str = "python3") -> NodePlan:
+              direct: DirectRank | None = None, python: str = "python3", xla: bool = False) -> NodePlan:
+    """`xla`: the image carries PyTorch/XLA."""
     user_env = user_env or {}
-    warnings = []
+    accel = accelerators.choose(config, hw, user_env, xla)
+    gpus = hw.gpus if accel.kind == "gpu" else 0
+    warnings = list(accel.warnings)
     if direct:
         nproc, mode = 1, "direct"
         world = direct.world_size
     else:
         mode = config.train_mode
-        nproc = config.nproc_per_node or (hw.gpus if hw.gpus else 1)
-        world = None if config.elastic else nproc * (config.num_nodes if mode == "distributed" else 1)
-    if hw.gpus and nproc > hw.gpus and not direct:
+        nproc = config.nproc_per_node or (gpus if gpus else 1)
+        world = None if config.elastic or (accel.xla and nproc == 1) else \
+            nproc * (config.num_nodes if mode == "distributed" else 1)
+    accelerators.check_xla_layout(config, accel, hw, nproc, direct)
+    if gpus and nproc > gpus and not direct:
         warnings.append(f"NPROC_PER_NODE={nproc} exceeds the {hw.gpus} visible GPU(s): processes will share "
                         f"GPUs, which NCCL does not allow")
-    if hw.gpus and hw.shm_bytes is not None and hw.shm_bytes < 1 << 30:
+    if gpus and hw.shm_bytes is not None and hw.shm_bytes < 1 << 30:
         warnings.append(f"/dev/shm is {hw.shm_bytes / 2**20:.0f} MiB: NCCL fails with 'posix_fallocate' below "
                         f"~1 GiB; start the container with --shm-size=8g or --ipc=host")
 
@@ -193,7 +230,9 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     rendezvous = None
     ports_needed = 0
     if mode == "distributed":
-        exchange = config.launcher == "horovod" or (fw == "tensorflow" and config.launcher == "native")
+        # TPU hosts learn every host's address: TPU_WORKER_HOSTNAMES.
+        exchange = config.launcher == "horovod" or (fw == "tensorflow" and config.launcher == "native") \
+            or accel.kind == "tpu"
         rendezvous = Rendezvous(
             endpoint=f"{config.master_addr}:{config.master_port}",
             serve_store=config.role == "master",
@@ -206,10 +245,11 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     if fw == "tensorflow" and config.launcher == "native" and mode != "direct":
         ports_needed = nproc + ((1 + config.num_ps) if config.sync_mode == "async" and config.role == "master" else 0)
 
-    env = _common_env(config, hw, nproc, world, user_env)
-    return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode),
+    env = _common_env(config, hw, nproc, world, user_env, accel)
+    return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
-                    ports_needed=ports_needed, hardware=hw)
+                    ports_needed=ports_needed, hardware=hw, accelerator=accel,
+                    user_tpu_env=tuple((k, user_env[k]) for k in accelerators.TPU_WORKER_VARIABLES if k in user_env))
 
 
 # --------------------------------------------------------------------------- step 2: launchers
@@ -246,9 +286,28 @@ def torchrun_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, if
     # torchrun runs a .py with its own interpreter; anything else needs --no-python.
     argv += [c.entrypoint] if c.entrypoint.endswith(".py") else ["--no-python", c.entrypoint]
     argv += list(c.script_args)
-    env = {**plan.env, **_iface_env(iface), "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX,
-           "NODE_RANK": str(node_rank)}
+    env = {**plan.env, **_iface_env(iface), **_tpu_env(plan, nodes, node_rank),
+           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX, "NODE_RANK": str(node_rank)}
     return [ProcessSpec("torchrun", tuple(argv), env)]
+
+
+def _tpu_env(plan: NodePlan, nodes: list[NodeInfo], node_rank: int) -> dict[str, str]:
+    if plan.accelerator.kind != "tpu" or plan.mode != "distributed":
+        return {}
+    addresses = [n.addr for n in sorted(nodes, key=lambda n: n.node_rank)]
+    return accelerators.tpu_worker_env(addresses, node_rank, dict(plan.user_tpu_env))
+
+
+def xla_host_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
+                       store_port: int) -> list[ProcessSpec]:
+    """One PyTorch/XLA process on this host, as PJRT expects; torch_xla.launch inside it starts
+    a process per chip. Their xla:// store is MASTER_ADDR:store_port, served by torch_xla's
+    process 0, which lives on TPU worker 0: node 0, the master."""
+    c = plan.config
+    master = c.master_addr if plan.mode == "distributed" else "127.0.0.1"
+    env = {**plan.env, **_iface_env(iface), **_tpu_env(plan, nodes, node_rank), "NODE_RANK": str(node_rank),
+           "MASTER_ADDR": master, "MASTER_PORT": str(store_port)}
+    return [ProcessSpec(f"node {node_rank}", script_argv(c, plan.python), env)]
 
 
 def horovod_slots(nodes: list[NodeInfo]):
@@ -362,6 +421,9 @@ def plan_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface:
     fw = "tensorflow" if c.framework == "keras" else c.framework
     if plan.mode == "direct":
         return [direct_process(plan)]
+    if plan.xla_host:
+        return xla_host_processes(plan, nodes, node_rank, iface,
+                                  (master_port or c.master_port) if plan.mode == "local" else c.xla_port)
     if c.launcher == "mpi":
         return mpi_processes(plan, nodes, node_rank, iface, master_port or c.master_port)
     if c.launcher == "horovod":
@@ -392,7 +454,11 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
              f"parallel: {c.parallel_mode} (tp={plan.env.get('TP_SIZE')}, dp={plan.env.get('DP_SIZE')})",
              f"  node:        role={c.role} node_rank={c.node_rank if c.node_rank is not None else 'at rendezvous'} "
              f"nodes={c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'} "
-             f"processes/node={plan.nproc} world={plan.world_size or 'elastic'}",
+             f"processes/node={plan.nproc} "
+             f"world={plan.world_size or ('a rank per XLA device, set by PJRT' if plan.xla_host else 'elastic')}",
+             f"  accelerator: {plan.accelerator.kind}"
+             + (f" ({plan.hardware.tpu_text()})" if plan.hardware and plan.accelerator.kind == "tpu" else "")
+             + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else ""),
              f"  starts:      {plan.launcher}"]
     if plan.rendezvous:
         r = plan.rendezvous

@@ -3,6 +3,7 @@
     FRAMEWORK=pytorch  LAUNCHER=native   -> pytorch_ddp.py (local SGD if SYNC_MODE=async)
     FRAMEWORK=pytorch  PARALLEL_MODE=model_parallel|hybrid -> pytorch_hybrid.py
     FRAMEWORK=pytorch  LAUNCHER=horovod  -> pytorch_horovod.py
+    FRAMEWORK=pytorch  PJRT_DEVICE set (PyTorch/XLA: TPU, or XLA's CPU client) -> pytorch_xla.py
     FRAMEWORK=tensorflow|keras LAUNCHER=native -> tensorflow_mwms.py (tensorflow_ps.py if async)
     FRAMEWORK=tensorflow|keras LAUNCHER=horovod -> keras_horovod.py
 """
@@ -18,7 +19,9 @@ parallel = os.environ.get("PARALLEL_MODE", "data_parallel")
 sync = os.environ.get("SYNC_MODE", "sync")
 
 if framework == "pytorch":
-    if parallel != "data_parallel":
+    if os.environ.get("PJRT_DEVICE"):
+        name = "pytorch_xla.py"
+    elif parallel != "data_parallel":
         name = "pytorch_hybrid.py"
     else:
         name = "pytorch_horovod.py" if launcher == "horovod" else "pytorch_ddp.py"
