@@ -1,5 +1,6 @@
 # make demo   build the default image, train the bundled example on two nodes (compose)
 # make test   everything the tests need (venv, image, compiled wheels), then the tests
+# make test-tpu  the tpu image, then the tests that need it (skipped by `make test` without it)
 #
 # Build settings come from the environment (see `python build.py build --help`):
 # BUILD_BASE_IMAGES, BUILD_WHEELHOUSE, BUILD_CA_CERT, BUILD_PIP_INDEX_URL, ...
@@ -13,7 +14,9 @@ PY       := $(VENV)/bin/python
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo "$(VENV)/bin/docker-compose")
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv image frameworks clean
+TPU_IMAGE ?= distributed-training-framework:tpu
+
+.PHONY: demo test test-tpu venv image frameworks clean
 
 venv: $(VENV)/.dev
 $(VENV)/.dev: requirements-dev.txt
@@ -33,6 +36,11 @@ frameworks: image
 
 test: frameworks
 	TEST_IMAGE=$(IMAGE) TEST_VARIANT=$(VARIANT) PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+# The tpu image (~8 GB) and the tests that need it; `make test` skips those without it.
+test-tpu: venv
+	$(PY) build.py build tpu
+	TPU_TEST_IMAGE=$(TPU_IMAGE) PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests/e2e/test_tpu_image.py
 
 demo: image
 	IMAGE=$(IMAGE) TRAIN_ARGS="--steps 60" $(COMPOSE) -p demo -f compose/two-node.yml up --abort-on-container-exit --quiet-pull >/tmp/demo.log 2>&1; \

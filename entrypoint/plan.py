@@ -457,8 +457,8 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
              f"processes/node={plan.nproc} "
              f"world={plan.world_size or ('a rank per XLA device, set by PJRT' if plan.xla_host else 'elastic')}",
              f"  accelerator: {plan.accelerator.kind}"
-             + (f" ({plan.hardware.tpu_text()})" if plan.hardware and plan.accelerator.kind == "tpu" else "")
-             + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else ""),
+             + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else "")
+             + (f"; {plan.hardware.tpu_text()}" if plan.hardware and plan.accelerator.kind == "tpu" else ""),
              f"  starts:      {plan.launcher}"]
     if plan.rendezvous:
         r = plan.rendezvous

@@ -70,3 +70,26 @@ def test_tf_chief_is_the_chief_task_or_worker_0(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
                                                 "task": {"type": "worker", "index": 0}}))
     assert dtf.is_chief() is False
+
+
+def test_launch_runs_here_unless_pytorch_xla_starts_per_host(monkeypatch):
+    dt = pytest.importorskip("disttrain.torch")
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    calls = []
+    dt.launch(calls.append, 7)
+    assert calls == [7] and not dt.uses_xla()
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    with pytest.raises(RuntimeError, match="one XLA CPU device per process"):
+        dt.launch(calls.append, 8)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")              # under torchrun: one process per device
+    dt.launch(calls.append, 9)
+    assert calls == [7, 9]
+
+
+def test_to_cpu_copies_nested_state():
+    dt = pytest.importorskip("disttrain.torch")
+    import torch
+    state = {"model": {"w": torch.ones(2, requires_grad=True)}, "steps": [torch.zeros(1), 3], "lr": 0.1}
+    copied = dt.to_cpu(state)
+    assert copied["model"]["w"].requires_grad is False and copied["steps"][1] == 3 and copied["lr"] == 0.1

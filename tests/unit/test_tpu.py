@@ -98,7 +98,7 @@ def test_preflight_and_explain_name_the_accelerator():
     summary = preflight_summary(p)
     assert "accelerator tpu, PJRT_DEVICE=TPU" in summary and "4 TPU v4 chip(s) (/dev/accel0../dev/accel3)" in summary
     text = explain(p, plan_processes(p, [NodeInfo(0, "127.0.0.1", 1)], 0), {})
-    assert "accelerator: tpu (4 TPU v4 chip(s)" in text and "one PyTorch/XLA process per host" in text
+    assert "accelerator: tpu, PJRT_DEVICE=TPU; 4 TPU v4 chip(s)" in text and "one PyTorch/XLA process per host" in text
     assert "accelerator cpu;" in preflight_summary(plan(CPU, xla=False))
 
 
