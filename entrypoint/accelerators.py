@@ -66,7 +66,7 @@ def choose(config: Config, hw, user_env: dict[str, str], xla: bool) -> Accelerat
             if hw.tpu_chips and not xla:
                 warnings.append(f"{_tpu_text(hw)} found, but this image has no PyTorch/XLA (the tpu variant "
                                 f"carries it): running on {'GPU' if hw.gpus else 'CPU'}")
-            wanted = "gpu" if hw.gpus else "cpu"
+            wanted = "gpu" if hw.gpus and pjrt != "CPU" else "cpu"
     elif wanted == "tpu":
         if not hw.tpu_chips:
             raise ConfigError(f"ACCELERATOR='tpu': no TPU on this host (no Google TPU chip on the PCI bus); "

@@ -191,6 +191,7 @@ def test_pjrt_device_must_fit_image_and_host():
     assert "no usable TPU here" in error(CPU, PJRT_DEVICE="TPU")
     assert "conflicts with ACCELERATOR=tpu" in error(ACCELERATOR="tpu", PJRT_DEVICE="CPU")
     assert plan(V4, PJRT_DEVICE="CPU").accelerator.pjrt_device == "CPU"   # XLA's CPU client on purpose
+    assert plan(GPU, PJRT_DEVICE="CPU").nproc == 1                          # ... on a GPU host too
 
 
 def test_xla_runs_data_parallel_sync_pytorch():
