@@ -70,6 +70,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--ca-cert", default=env_default("BUILD_CA_CERT"),
                    help="PEM file of extra CA certificates trusted while building (a TLS-intercepting "
                         "proxy); passed as a BuildKit secret, never stored in a layer (env BUILD_CA_CERT)")
+    b.add_argument("--without", action="append", default=[], choices=["torchvision", "torchaudio"],
+                   help="leave a pinned torch companion out of the image (repeatable; env BUILD_WITHOUT, "
+                        "comma-separated), e.g. where PyTorch's CPU torchvision cannot be reached; the "
+                        "image's labels and manifest record it")
     b.add_argument("--push", action="store_true", help="push every tag after building")
     b.add_argument("--no-cache", action="store_true", help="build without Docker's layer cache")
     b.add_argument("--pull", action="store_true", help="always look for a newer base image")
@@ -144,9 +148,17 @@ def cmd_build(matrix, version, args) -> int:
         wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None,
         no_cache=args.no_cache, pull=args.pull, progress=args.progress,
         cache_from=tuple(args.cache_from), cache_to=args.cache_to, revision=git_revision())
+    without = args.without or [x.strip() for x in os.environ.get("BUILD_WITHOUT", "").split(",") if x.strip()]
+    for name in without:
+        if name not in ("torchvision", "torchaudio"):
+            raise docker_build.BuildError(f"BUILD_WITHOUT={os.environ['BUILD_WITHOUT']!r}: allowed: "
+                                          f"torchvision, torchaudio (comma-separated)")
+    variants = [v.leaving_out(without) for v in matrix.select(args.variants)]
+    for v in variants:                 # every variant's sources, before any layer is built
+        docker_build.check_companion_sources(v, options)
     cli = docker_build.DockerCli(args.docker_cli or "docker", buildx=False) if args.dry_run \
         else docker_build.find_docker_cli(args.docker_cli)
-    for v in matrix.select(args.variants):
+    for v in variants:
         refs = variant_tags(v, matrix.repository, version, args.registry)
         context = docker_build.stage_context(v, Path(args.output_dir) / v.name, options.wheelhouse)
         if args.dry_run:

@@ -72,6 +72,27 @@ TORCH: dict[str, TorchRelease] = {
 
 
 @dataclass(frozen=True)
+class Companions:
+    """The torchvision and torchaudio built for one torch release (None: there is none)."""
+    torchvision: str
+    torchaudio: str | None
+
+
+# Keyed by torch's public version: each companion wheel pins it exactly
+# (`Requires-Dist: torch==2.7.1` in torchvision 0.22.1 and torchaudio 2.7.1, read from
+# PyPI's wheels). torchaudio's last release on PyPI is 2.11.1: torch 2.13 has none.
+# A companion must also be the same build as torch: PyPI's plain wheels are built
+# against PyPI's CUDA torch, and next to a CPU torch torchvision fails at import
+# ("operator torchvision::nms does not exist"); CPU torch needs its '+cpu' build.
+TORCH_COMPANIONS: dict[str, Companions] = {
+    "2.6.0": Companions("0.21.0", "2.6.0"),
+    "2.7.1": Companions("0.22.1", "2.7.1"),
+    "2.8.0": Companions("0.23.0", "2.8.0"),
+    "2.13.0": Companions("0.28.0", None),
+}
+
+
+@dataclass(frozen=True)
 class TensorflowRelease:
     python: tuple[str, str]
     cuda_min: str                    # CUDA runtime it was built against (needs >= this, same major)
@@ -174,6 +195,36 @@ def check_torch(variant) -> list[tuple[str, str]]:
         if variant.cuda.nccl != release.nccl:
             problems.append(("cuda.nccl", f"{variant.cuda.nccl!r} differs from the nvidia-nccl-cu12 that "
                                           f"torch {version} pins; allowed: {release.nccl!r}"))
+    return problems
+
+
+def check_torch_companions(variant) -> list[tuple[str, str]]:
+    if variant.pytorch is None:
+        return []
+    torch = variant.pytorch.version
+    public = torch.split("+", 1)[0]
+    known = TORCH_COMPANIONS.get(public)
+    problems = []
+    for name in ("torchvision", "torchaudio"):
+        pin = getattr(variant.pytorch, name)
+        if pin is None:
+            continue
+        field = f"pytorch.{name}"
+        wanted = getattr(known, name) if known else None
+        if known is None:
+            problems.append((field, f"no {name} is known to pair with torch {public}; allowed: null, or torch "
+                                    + ", ".join(TORCH_COMPANIONS)))
+        elif wanted is None:
+            problems.append((field, f"torch {public} has no {name} release; allowed: null"))
+        elif pin.split("+", 1)[0] != wanted:
+            problems.append((field, f"{pin!r} is not built for torch {public}; allowed: {wanted!r}"
+                                    + (f" ('{wanted}+{local_tag(torch)}')" if local_tag(torch) else "")))
+        elif local_tag(pin) != local_tag(torch):
+            build = f"'+{local_tag(torch)}'" if local_tag(torch) else "the plain PyPI"
+            problems.append((field, f"{pin!r} is not the same build as torch {torch!r}; allowed: "
+                                    f"{wanted + ('+' + local_tag(torch) if local_tag(torch) else '')!r} ({build} "
+                                    f"build; other builds fail at import: 'operator torchvision::nms does not "
+                                    f"exist')"))
     return problems
 
 
@@ -304,7 +355,8 @@ def check_xla(variant) -> list[tuple[str, str]]:
     return problems
 
 
-CHECKS = (check_python, check_torch, check_tensorflow, check_cuda_toolchain, check_horovod, check_xla)
+CHECKS = (check_python, check_torch, check_torch_companions, check_tensorflow, check_cuda_toolchain,
+          check_horovod, check_xla)
 
 
 def check_variant(variant) -> list[tuple[str, str]]:

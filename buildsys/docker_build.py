@@ -59,6 +59,24 @@ def parse_base_images(values: list[str]) -> dict[str, str]:
     return result
 
 
+def check_companion_sources(v: Variant, options: BuildOptions) -> None:
+    """Before anything is built: where will pip find each local build ('+cpu') of a torch
+    companion? PyPI has none; the wheelhouse or a given index must. One line if nowhere."""
+    if options.pip_index_url or options.pip_extra_index_url:
+        return              # the farm's index is trusted to carry what it was given for
+    python_tag = "cp" + v.python.replace(".", "")
+    wheels = [w.name for w in Path(options.wheelhouse).glob("*.whl")] if options.wheelhouse else []
+    for name, pin in v.torch_companions().items():
+        if "+" not in pin or any(w.startswith(f"{name}-{pin}-{python_tag}-") for w in wheels):
+            continue
+        local = pin.split("+", 1)[1]
+        raise BuildError(f"variant {v.name!r}: {name} {pin} (PyTorch's {local} build, for torch "
+                         f"{v.pytorch.version}) is not on PyPI and not in the wheelhouse"
+                         f"{' ' + str(options.wheelhouse) if options.wheelhouse else ''}: put its {python_tag} "
+                         f"wheel there (--wheelhouse), pass --pip-extra-index-url "
+                         f"https://download.pytorch.org/whl/{local}, or build without it: --without {name}")
+
+
 def base_image_for(v: Variant, options: BuildOptions) -> str:
     return options.base_images.get(v.distro) or options.base_images.get("*") or v.base_image()
 

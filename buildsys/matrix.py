@@ -37,8 +37,13 @@ def _version(value: str) -> str:
 
 class PyTorch(Strict):
     version: str
+    torchvision: str | None = None       # the build made for this torch (compat.TORCH_COMPANIONS)
+    torchaudio: str | None = None
 
-    _check = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+    @field_validator("version", "torchvision", "torchaudio")
+    @classmethod
+    def _check(cls, value: str | None) -> str | None:
+        return value if value is None else _version(value)
 
 
 class TensorFlow(Strict):
@@ -104,6 +109,9 @@ class Variant(Strict):
     aliases: list[str] = []
     size_budget_gb: float = Field(gt=0)
     verified: Literal["ci", "built", "render-only"]
+    # Companions pinned above but left out of this build (`build.py build --without`), e.g.
+    # where PyTorch's CPU torchvision cannot be reached; the labels and manifest say so.
+    without: list[Literal["torchvision", "torchaudio"]] = []
 
     # ---- what the image carries, derived once here so nobody re-derives it ----
     def frameworks(self) -> list[str]:
@@ -130,6 +138,18 @@ class Variant(Strict):
         if self.mpi4py or (self.horovod and "mpi" in self.horovod.controllers):
             names.append("mpi")
         return names
+
+    def torch_companions(self) -> dict[str, str]:
+        """torchvision/torchaudio pins this build installs (pinned and not left out)."""
+        if not self.pytorch:
+            return {}
+        pins = {"torchvision": self.pytorch.torchvision, "torchaudio": self.pytorch.torchaudio}
+        return {name: pin for name, pin in pins.items() if pin and name not in self.without}
+
+    def leaving_out(self, names) -> "Variant":
+        """This variant built without the named companions it pins (`build.py build --without`)."""
+        dropped = {n for n in names if self.pytorch and getattr(self.pytorch, n, None)} | set(self.without)
+        return self.model_copy(update={"without": sorted(dropped)}) if dropped != set(self.without) else self
 
     def base_image(self) -> str:
         return f"debian:{self.distro}-slim"

@@ -38,6 +38,7 @@ def component_versions(v: Variant) -> dict[str, str]:
     versions = {"python": v.python, "debian": v.distro}
     if v.pytorch:
         versions["torch"] = v.pytorch.version
+        versions.update(v.torch_companions())
     if v.xla:
         versions.update(torch_xla=v.xla.version, libtpu=v.xla.libtpu)
     if v.tensorflow:
@@ -81,6 +82,7 @@ def manifest(v: Variant) -> dict:
         "versions": component_versions(v),
         "horovod": horovod_build(v),
         "cuda_arch_list": list(v.cuda.arch_list) if v.cuda else [],
+        "without": list(v.without),           # pinned companions this build left out
     }
 
 
@@ -97,6 +99,8 @@ def labels(v: Variant) -> list[tuple[str, str]]:
         (f"{LABEL_PREFIX}.frameworks", ",".join(v.frameworks())),
         (f"{LABEL_PREFIX}.launchers", ",".join(v.launchers())),
     ]
+    if v.without:
+        result.append((f"{LABEL_PREFIX}.without", ",".join(v.without)))
     result += [(f"{LABEL_PREFIX}.version.{name}", value) for name, value in component_versions(v).items()]
     hvd = horovod_build(v)
     if hvd:
@@ -146,6 +150,17 @@ def runtime_apt(v: Variant) -> list[str]:
     return packages
 
 
+def torch_extras(v: Variant) -> str | None:
+    """torch-extras.txt: torchvision/torchaudio for the runtime stage's own layer. It lives
+    outside requirements/, which the builder mounts: adding a companion recompiles nothing."""
+    if not v.torch_companions():
+        return None
+    # torch pinned again, so pip can add the companions but never swap torch for another build.
+    lines = ["# The companions built for this torch; installed in their own layer.", f"torch=={v.pytorch.version}"]
+    lines += [f"{name}=={pin}" for name, pin in v.torch_companions().items()]
+    return "\n".join(lines) + "\n"
+
+
 def horovod_env(v: Variant) -> list[tuple[str, str]]:
     """The HOROVOD_* settings that build-horovod.sh compiles with."""
     hvd = v.horovod
@@ -188,7 +203,8 @@ def _environment() -> jinja2.Environment:
 
 def render_dockerfile(v: Variant) -> str:
     text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
-                                                                runtime_apt=runtime_apt(v))
+                                                                runtime_apt=runtime_apt(v),
+                                                                torch_extras=v.torch_companions())
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0
     for line in text.splitlines():
@@ -214,6 +230,8 @@ def render_context(v: Variant) -> list[File]:
         File("wheelhouse/README", b"Local wheels for pip --find-links; filled by `build.py build --wheelhouse`.\n"),
     ]
     files += [File(f"requirements/{name}", text.encode()) for name, text in requirements(v).items()]
+    if torch_extras(v):
+        files.append(File("torch-extras.txt", torch_extras(v).encode()))
     files += _tree(REPO_ROOT / "images" / "scripts", "scripts", (".sh",))
     files += _tree(REPO_ROOT / "images" / "patches", "patches", (".patch",))
     for name in APP_DIRS:

@@ -10,6 +10,16 @@ for framework in manifest["frameworks"]:
     for name in modules[framework]:
         module = importlib.import_module(name)
         found[name] = getattr(module, "__version__", "?")
+for name in ("torchvision", "torchaudio"):
+    if name in manifest["versions"]:
+        module = importlib.import_module(name)
+        found[name] = module.__version__
+if "torchvision" in found:
+    # Its compiled operators: a torchvision built for another torch fails here.
+    import torch
+    import torchvision
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    assert torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5).tolist() == [0]
 if manifest.get("horovod"):
     import horovod
     found["horovod"] = horovod.__version__

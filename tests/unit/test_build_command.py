@@ -49,3 +49,33 @@ def test_export_wheels_targets_the_wheels_stage():
                         target="wheels", output="type=local,dest=/out")
     assert args_of(cmd, "--target") == ["wheels"] and args_of(cmd, "--output") == ["type=local,dest=/out"]
     assert "--tag" not in cmd
+
+
+def test_cpu_torchvision_needs_a_source_before_anything_is_built(tmp_path):
+    import subprocess
+    import sys
+
+    import pytest
+
+    from buildsys.docker_build import BuildError, check_companion_sources
+
+    with pytest.raises(BuildError) as info:
+        check_companion_sources(CPU, BuildOptions(wheelhouse=tmp_path))
+    message = str(info.value)
+    assert "\n" not in message and "torchvision 0.28.0+cpu" in message
+    assert "--without torchvision" in message and "https://download.pytorch.org/whl/cpu" in message
+    (tmp_path / "torchvision-0.28.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    check_companion_sources(CPU, BuildOptions(wheelhouse=tmp_path))                 # from the wheelhouse
+    check_companion_sources(CPU, BuildOptions(pip_extra_index_url="https://download.pytorch.org/whl/cpu"))
+    check_companion_sources(CPU.leaving_out(["torchvision"]), BuildOptions())
+    check_companion_sources(MATRIX.variants["cu124"], BuildOptions())               # PyPI's own wheels
+
+    # The CLI: one line, exit 2, before any docker command (none is on this PATH).
+    env = {"PATH": "/nonexistent", "HOME": str(tmp_path), "BUILD_WHEELHOUSE": "", "BUILD_WITHOUT": ""}
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "build", "cpu", "-o", str(tmp_path / "b")],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "--without torchvision" in result.stderr and not (tmp_path / "b").exists()
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "build", "cpu", "--dry-run", "-o",
+                             str(tmp_path / "b"), "--without", "torchvision"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and " build " in result.stdout, result.stderr

@@ -231,3 +231,40 @@ def test_version_helpers():
     assert compat.minor("2.6.0") == "2.6"
     assert compat.local_tag("2.6.0+cu124") == "cu124" and compat.local_tag("2.6.0") is None
     assert compat.cuda_tag("12.4") == "cu124"
+
+
+def test_every_cpu_and_cuda_pytorch_variant_pins_its_torchvision():
+    for v in load_matrix(ROOT / "matrix.yaml").variants.values():
+        if v.pytorch and v.accelerator in ("cpu", "cuda"):
+            pair = compat.TORCH_COMPANIONS[v.pytorch.version.split("+")[0]]
+            assert v.pytorch.torchvision.split("+")[0] == pair.torchvision
+            assert compat.local_tag(v.pytorch.torchvision) == compat.local_tag(v.pytorch.version)
+
+
+def test_torchvision_for_another_torch():
+    message = broken(lambda d: d["variants"]["cu124"]["pytorch"].update(torchvision="0.22.1"))
+    assert "field 'pytorch.torchvision'" in message and "torch 2.6.0" in message and "'0.21.0'" in message
+
+
+def test_pypi_torchvision_next_to_a_cpu_torch():
+    message = broken(lambda d: d["variants"]["cpu"]["pytorch"].update(torchvision="0.28.0"))
+    assert "field 'pytorch.torchvision'" in message and "'0.28.0+cpu'" in message and "torchvision::nms" in message
+
+
+def test_torchaudio_where_torch_has_none():
+    message = broken(lambda d: d["variants"]["cpu"]["pytorch"].update(torchaudio="2.13.0+cpu"))
+    assert "field 'pytorch.torchaudio'" in message and "torch 2.13.0 has no torchaudio" in message
+
+
+def test_without_names_a_companion():
+    message = broken(lambda d: d["variants"]["cpu"].update(without=["numpy"]))
+    assert "field 'without.0'" in message and "'torchvision', 'torchaudio'" in message
+
+
+def test_leaving_out_keeps_the_pin_and_drops_the_install():
+    cpu = load_matrix(ROOT / "matrix.yaml").variants["cpu"]
+    assert cpu.torch_companions() == {"torchvision": "0.28.0+cpu"}
+    bare = cpu.leaving_out(["torchvision", "torchaudio"])
+    assert bare.without == ["torchvision"] and bare.torch_companions() == {}
+    assert bare.pytorch.torchvision == "0.28.0+cpu"
+    assert cpu.leaving_out([]) is cpu

@@ -163,3 +163,30 @@ def test_tpu_requirements_pair_torch_xla_with_torch_and_libtpu():
     assert "openmpi-bin" in render.render_dockerfile(MATRIX.variants["cpu"])
     versions = render.manifest(v)["versions"]
     assert versions["torch_xla"] == "2.9.0" and versions["libtpu"] == "0.0.21"
+
+
+def context_file(variant, path):
+    return next((f.content.decode() for f in render.render_context(variant) if f.path == path), None)
+
+
+def test_torchvision_installs_in_its_own_layer_with_torch_pinned():
+    cu124 = MATRIX.variants["cu124"]
+    extras = context_file(cu124, "torch-extras.txt")
+    assert extras.splitlines()[1:] == ["torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0"]
+    dockerfile = render.render_dockerfile(cu124)
+    runtime = dockerfile[dockerfile.index("AS runtime"):]
+    assert "pip.sh install -r /tmp/torch-extras.txt" in runtime
+    # Outside requirements/, which the builder mounts: a companion change recompiles nothing.
+    assert "torch-extras" not in dockerfile[:dockerfile.index("AS runtime")]
+    assert render.component_versions(cu124)["torchvision"] == "0.21.0"
+
+
+def test_built_without_torchvision_says_so():
+    bare = MATRIX.variants["cpu"].leaving_out(["torchvision"])
+    assert context_file(bare, "torch-extras.txt") is None
+    assert "torch-extras" not in render.render_dockerfile(bare)
+    assert json.loads(context_file(bare, "manifest.json"))["without"] == ["torchvision"]
+    labels = dict(render.labels(bare))
+    assert labels["io.disttrain.without"] == "torchvision" and "io.disttrain.version.torchvision" not in labels
+    full = dict(render.labels(MATRIX.variants["cpu"]))
+    assert full["io.disttrain.version.torchvision"] == "0.28.0+cpu" and "io.disttrain.without" not in full
