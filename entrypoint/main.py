@@ -1,29 +1,35 @@
-"""Container entrypoint: environment -> launch plan -> supervised training.
+"""Container entrypoint: environment -> launch plan -> supervised training, or a command.
 
     python -m entrypoint.main [--dry-run] [SCRIPT ARGS...]
+    python -m entrypoint.main [--dry-run] PROGRAM [ARGS...]
 
 The image runs this under `tini -g`. It reads only environment variables (see config.py
 and README.md), plans the launch (plan.py), meets the other nodes (membership.py), and
-supervises the node's processes (supervisor.py). With EXPLAIN=1 or --dry-run it prints the
-plan and starts nothing. Bad input: one line on stderr, exit code 2, nothing started.
+supervises the node's processes (supervisor.py). If the first argument is a program
+(arguments.py), it runs that instead, with the environment the training would get. With
+EXPLAIN=1 or --dry-run it prints the plan and starts nothing. Bad input: one line on
+stderr, exit code 2, nothing started.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import time
 
 from . import hardware, manifest
-from .config import ConfigError, load_config
+from .arguments import Invocation, parse_arguments
+from .config import VARIABLES, ConfigError, load_config
 from .ecosystem import translate
 from .membership import JobStore, RendezvousError
-from .plan import NodeInfo, NodePlan, assumed_nodes, explain, plan_node, plan_processes
+from .plan import NodeInfo, NodePlan, assumed_nodes, command_env, explain, plan_node, plan_processes
 from .supervisor import Supervisor
 
 EXIT_BAD_INPUT = 2
 EXIT_RENDEZVOUS = 3
+DEFAULT_SCRIPT = next(v.default for v in VARIABLES if v.name == "ENTRYPOINT")
 
 
 class Interrupted(Exception):
@@ -129,17 +135,22 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
         store.publish(me)
         say(f"node {node_rank} of {c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'}: "
             f"address {node_addr}, interface {iface or '(auto)'}, {plan.nproc} process(es)")
-        nodes, horovod_port = [me], c.horovod_port
+        nodes, horovod_port, torch_port = [me], c.horovod_port, None
         if plan.rendezvous.exchange:
             nodes = store.wait_for_nodes(c.num_nodes, deadline)
             if master:
                 if plan.rendezvous.horovod_server:
                     server = HorovodRendezvous(nodes, c.horovod_port)
-                store.announce_launch(horovod_port=server.port if server else None)
+                # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
+                # on a port of its own (MASTER_PORT is the job store's).
+                torch_port = hardware.free_ports(1)[0]
+                store.announce_launch(horovod_port=server.port if server else None, torch_port=torch_port)
             else:
-                horovod_port = store.wait_for_launch(deadline).get("horovod_port") or horovod_port
+                launch = store.wait_for_launch(deadline)
+                horovod_port = launch.get("horovod_port") or horovod_port
+                torch_port = launch.get("torch_port")
         specs = plan_processes(plan, nodes, node_rank, iface=iface, horovod_addr=c.master_addr,
-                               horovod_port=horovod_port, master_port=c.master_port)
+                               horovod_port=horovod_port, master_port=torch_port or c.master_port)
     except Interrupted as exc:
         store.abort(f"node stopped by {signal.Signals(exc.signum).name} during rendezvous", 128 + exc.signum)
         return 128 + exc.signum
@@ -164,14 +175,35 @@ def run_distributed(plan: NodePlan, env: dict[str, str], supervisor: Supervisor)
             server.stop()
 
 
+def run_command(invocation: Invocation, env: dict[str, str]) -> int:
+    """A program given after the image: runs in this process's place, with the environment
+    the training processes would share (plan_node's), as the image's user."""
+    try:
+        plan = build_plan(env, [])
+    except ConfigError as exc:
+        say(str(exc), sys.stderr)
+        return EXIT_BAD_INPUT
+    extra = command_env(plan)
+    if invocation.dry_run or plan.config.explain:
+        shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items()) if env.get(k) != v)
+        print(f"disttrain command (no training is launched)\n  runs:  {shlex.join(invocation.command)}"
+              f"\n  program: {invocation.program}\n  env:   {shown}", flush=True)
+        return 0
+    script = plan.config.entrypoint
+    if os.path.isfile(script):
+        say(f"running the command {invocation.command[0]!r} ({invocation.program}), not {script}; to pass "
+            f"{invocation.command[0]!r} to the script, put -- before it", sys.stderr)
+    os.execve(invocation.program, list(invocation.command), {**env, **extra})
+    return 0  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    dry_run = bool(args) and args[0] == "--dry-run"
-    if dry_run:
-        args = args[1:]
-    if args and args[0] == "--":
-        args = args[1:]
     env = dict(os.environ)
+    script = (env.get("ENTRYPOINT") or "").strip() or DEFAULT_SCRIPT
+    invocation = parse_arguments(list(sys.argv[1:] if argv is None else argv), script, os.getcwd())
+    if invocation.command:
+        return run_command(invocation, env)
+    dry_run, args = invocation.dry_run, list(invocation.script_args)
     try:
         plan = build_plan(env, args)
         if not (dry_run or plan.config.explain):

@@ -146,10 +146,11 @@ class JobStore:
             self.beat()
             time.sleep(0.2)
 
-    def announce_launch(self, horovod_port: int | None = None) -> None:
+    def announce_launch(self, horovod_port: int | None = None, torch_port: int | None = None) -> None:
         """Every node is in; workers may start. Carries the master's Horovod port, so only
-        the master needs HOROVOD_PORT."""
-        self.store.set(self._key("job/launch"), json.dumps({"horovod_port": horovod_port}))
+        the master needs HOROVOD_PORT, and the port of torch.distributed's env:// store."""
+        self.store.set(self._key("job/launch"), json.dumps({"horovod_port": horovod_port,
+                                                              "torch_port": torch_port}))
 
     def wait_for_launch(self, deadline: float) -> dict:
         while not self._has("job/launch"):

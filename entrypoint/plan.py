@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import accelerators
 from .accelerators import Accelerator
@@ -319,7 +319,11 @@ def horovod_slots(nodes: list[NodeInfo]):
 
 
 def horovod_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
-                      rendezvous_addr: str, rendezvous_port: int) -> list[ProcessSpec]:
+                      rendezvous_addr: str, rendezvous_port: int, torch_port: int) -> list[ProcessSpec]:
+    """Horovod's workers, started directly with the environment horovodrun would give them.
+    They also get torch.distributed's env:// (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE), so
+    a torch.distributed script under LAUNCHER=horovod joins one group too: rank 0 is on the
+    master (Horovod's host assignment), which serves it on `torch_port`."""
     c = plan.config
     procs = []
     for slot in horovod_slots(nodes):
@@ -340,6 +344,8 @@ def horovod_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, ifa
             "HOROVOD_LOCAL_SIZE": str(slot.local_size),
             "HOROVOD_CROSS_RANK": str(slot.cross_rank),
             "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+            "MASTER_ADDR": rendezvous_addr,
+            "MASTER_PORT": str(torch_port),
         }
         procs.append(ProcessSpec(f"rank {slot.rank}", script_argv(c, plan.python), env))
     return procs
@@ -402,7 +408,8 @@ def mpi_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: 
         argv += ["--hostfile", c.hostfile]
     for name in sorted(env):
         argv += ["-x", name]
-    argv += ["-x", "PATH", "-x", "DISTTRAIN_MANIFEST", plan.python, "-m", "entrypoint.main", *c.script_args]
+    # `--`: what follows is the script's, even a word that names a program (arguments.py).
+    argv += ["-x", "PATH", "-x", "DISTTRAIN_MANIFEST", plan.python, "-m", "entrypoint.main", "--", *c.script_args]
     return [ProcessSpec("mpirun", tuple(argv), env)]
 
 
@@ -417,6 +424,8 @@ def direct_process(plan: NodePlan) -> ProcessSpec:
 def plan_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None = None,
                    horovod_addr: str | None = None, horovod_port: int | None = None,
                    master_port: int | None = None) -> list[ProcessSpec]:
+    """The node's processes. `master_port` is the port of torch.distributed's env:// store
+    for the processes that need one (Horovod's, mpirun's); default MASTER_PORT."""
     c = plan.config
     fw = "tensorflow" if c.framework == "keras" else c.framework
     if plan.mode == "direct":
@@ -427,11 +436,21 @@ def plan_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface:
     if c.launcher == "mpi":
         return mpi_processes(plan, nodes, node_rank, iface, master_port or c.master_port)
     if c.launcher == "horovod":
-        return horovod_processes(plan, nodes, node_rank, iface, horovod_addr or c.master_addr,
-                                 horovod_port or c.horovod_port)
-    if fw == "pytorch":
-        return torchrun_processes(plan, nodes, node_rank, iface)
-    return tensorflow_processes(plan, nodes, node_rank, iface)
+        specs = horovod_processes(plan, nodes, node_rank, iface, horovod_addr or c.master_addr,
+                                  horovod_port or c.horovod_port, master_port or c.master_port)
+    elif fw == "pytorch":
+        specs = torchrun_processes(plan, nodes, node_rank, iface)
+    else:
+        specs = tensorflow_processes(plan, nodes, node_rank, iface)
+    # Tells the in-process guard (disttrain/guard.py) which variable chose this launcher.
+    return [replace(s, env={**s.env, "DISTTRAIN_LAUNCHER": c.launcher}) for s in specs]
+
+
+def command_env(plan: NodePlan) -> dict[str, str]:
+    """The environment for a command given after the image (`docker run IMAGE bash`): what
+    every training process of this node shares, and NET_IFNAME's interface variables."""
+    iface = plan.config.net_ifname
+    return {**plan.env, **_iface_env(iface), **({"HOROVOD_GLOO_IFACE": iface} if iface else {})}
 
 
 # --------------------------------------------------------------------------- explaining

@@ -87,3 +87,74 @@ class ComposeProject:
 
     def down(self) -> None:
         self.compose("down", "-v", "--remove-orphans", "--timeout", "5", timeout=180)
+
+
+class Swarm:
+    """A one-node swarm on the test engine for the duration of a test module: joined here
+    only if the engine was in none, and then left, with the bridge that joining created."""
+
+    def __init__(self):
+        self.state = docker("info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
+        self.had_gwbridge = docker("network", "inspect", "docker_gwbridge", check=False).returncode == 0
+        self.created = False
+
+    def __enter__(self) -> "Swarm":
+        if self.state != "active":
+            docker("swarm", "init", "--advertise-addr", "127.0.0.1", timeout=120)
+            self.created = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.created:
+            docker("swarm", "leave", "--force", check=False, timeout=120)
+            if not self.had_gwbridge:
+                docker("network", "rm", "docker_gwbridge", check=False)
+
+
+class SwarmStack:
+    """One `docker stack deploy` of deploy/swarm/stack.yml with a given docker client,
+    removed (services, network) at the end."""
+
+    FILE = ROOT / "deploy" / "swarm" / "stack.yml"
+
+    def __init__(self, client: str, **env: str):
+        self.client = client
+        self.name = f"dtfstack{uuid.uuid4().hex[:6]}"
+        self.env = {**os.environ, "IMAGE": IMAGE, **{k: str(v) for k, v in env.items()}}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([self.client, *args], env=self.env, capture_output=True, text=True, check=check,
+                              timeout=timeout)
+
+    def deploy(self) -> subprocess.CompletedProcess:
+        # --resolve-image never: the image is local; there is no registry to ask for a digest.
+        return self.run("stack", "deploy", "--resolve-image", "never", "-c", str(self.FILE), self.name,
+                        check=False)
+
+    def tasks(self) -> list[tuple[str, str]]:
+        out = self.run("stack", "ps", "--no-trunc", "--format", "{{.Name}}\t{{.CurrentState}}", self.name).stdout
+        return [tuple(line.split("\t", 1)) for line in out.splitlines() if line.strip()]
+
+    def wait_finished(self, expected: int, timeout: float) -> list[tuple[str, str]]:
+        """Every task ended (restart_policy none: Complete, or Failed/Rejected)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            tasks = self.tasks()
+            if len(tasks) >= expected and all(state.split()[0] in ("Complete", "Failed", "Rejected", "Shutdown")
+                                              for _, state in tasks):
+                return tasks
+            time.sleep(2)
+        raise AssertionError(f"stack tasks still running after {timeout}s: {self.tasks()}\n{self.logs()[-3000:]}")
+
+    def logs(self) -> str:
+        return "".join(docker("service", "logs", "--raw", "--no-trunc", f"{self.name}_{service}", check=False).stdout
+                       for service in ("master", "worker"))
+
+    def remove(self) -> None:
+        self.run("stack", "rm", self.name, check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:               # the network goes once its tasks are gone
+            left = docker("network", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={self.name}").stdout
+            if not left.strip():
+                return
+            time.sleep(1)

@@ -7,6 +7,9 @@ examples/, mounted at /app/code exactly as a user mounts theirs.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -14,7 +17,7 @@ from testcontainers.core.container import DockerContainer
 
 from tests.conftest import ROOT
 from tests.e2e.cluster import results
-from tests.e2e.docker_env import ComposeProject, ensure_image
+from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, ensure_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -131,3 +134,189 @@ def test_worker_started_20s_before_the_master_still_joins(image, project):
     job.wait_exited(300)
     assert set(job.exit_codes().values()) == {0}, (job.exit_codes(), job.logs()[-3000:])
     assert_replicas_agree(job.logs(), 2)
+
+
+# --------------------------------------------------------------------------- commands after the image
+
+SEED = ROOT / "tests" / "e2e" / "seed"
+
+
+def code_dir(tmp_path, **files: str):
+    """A folder to mount at /app/code, writable by the image's user (uid 1000)."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    for name, text in files.items():
+        path = folder / name.replace("__", ".")
+        path.write_text(text)
+        path.chmod(0o755)
+    folder.chmod(0o777)
+    return folder
+
+
+def run_image(*args: str, env: dict | None = None, code=None, stdin: str | None = None, timeout: float = 300):
+    flags = ["--rm", "--shm-size", "512m"] + (["-i"] if stdin is not None else [])
+    for key, value in (env or {}).items():
+        flags += ["-e", f"{key}={value}"]
+    if code:
+        flags += ["-v", f"{code}:/app/code"]
+    return subprocess.run(["docker", "run", *flags, IMAGE, *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_shell_after_the_image_is_a_shell_with_the_training_environment(image):
+    shell = run_image("bash", env={"FRAMEWORK": "keras", "NET_IFNAME": "eth0"},
+                      stdin="id -u; pwd; echo OMP=$OMP_NUM_THREADS KERAS=$TF_USE_LEGACY_KERAS IF=$GLOO_SOCKET_IFNAME\n"
+                            "exit 7\n")
+    assert shell.returncode == 7, shell.stderr
+    assert shell.stdout.split()[:2] == ["1000", "/app/code"]
+    assert re.search(r"OMP=[1-9]\d* KERAS=1 IF=eth0", shell.stdout), shell.stdout
+    # -it as users type it: a terminal reaches bash (script(1) gives this test one).
+    tty = subprocess.run(["script", "-qec", f"docker run --rm -it {IMAGE} bash -c 'test -t 0 && echo ON-A-TTY'",
+                          "/dev/null"], capture_output=True, text=True, timeout=120)
+    assert "ON-A-TTY" in tty.stdout, tty.stdout + tty.stderr
+    python = run_image("python", "-c", "import horovod.torch, torch; print('PY', torch.__version__)")
+    assert python.returncode == 0 and "PY 2." in python.stdout, python.stderr
+
+
+def test_horovodrun_and_mpirun_inside_the_image_as_documented(image, tmp_path):
+    """Horovod's own documented line, as the image's user, without SSH; then plain mpirun."""
+    code = code_dir(tmp_path, train__py=(SEED / "horovod_snippet.py").read_text())
+    for command in (["horovodrun", "-np", "2", "-H", "localhost:2", "python", "train.py"],
+                    ["mpirun", "-np", "2", "python", "train.py"]):
+        run = run_image(*command, code=code)
+        assert run.returncode == 0, command + [run.stdout[-2000:], run.stderr[-2000:]]
+        assert_replicas_agree(run.stdout, 2)
+
+
+ARGS_SCRIPT = "import sys\nprint('ARGS', sys.argv[1:], flush=True)\n"
+ARGS_SHELL = "#!/bin/sh\necho \"ARGS $*\"\n"
+
+
+def test_script_arguments_and_programs_are_told_apart(image, tmp_path):
+    code = code_dir(tmp_path, train__py=ARGS_SCRIPT, show__sh=ARGS_SHELL)
+    cases = [
+        ((["--epochs", "3"], {}), "ARGS ['--epochs', '3']"),             # options: the script's
+        ((["--", "test"], {}), "ARGS ['test']"),                        # -- forces a program's name through
+        ((["train.py", "--epochs", "3"], {}), "ARGS ['--epochs', '3']"),  # the script's own name is dropped
+        ((["--", "yes"], {"ENTRYPOINT": "/app/code/show.sh"}), "ARGS yes"),   # an ENTRYPOINT that is not .py
+    ]
+    for (args, env), expected in cases:
+        run = run_image(*args, env=env, code=code)
+        assert run.returncode == 0 and expected in run.stdout, (args, run.stdout[-1500:], run.stderr[-1500:])
+    program = run_image("test", code=code)                        # a program on PATH wins, and says so
+    assert program.returncode == 1 and "ARGS" not in program.stdout
+    assert "put -- before it" in program.stderr, program.stderr
+    dry = run_image("--dry-run", "bash", env={"FRAMEWORK": "tensorflow"})
+    assert dry.returncode == 0 and "runs:  bash" in dry.stdout and "TF_USE_LEGACY_KERAS=1" in dry.stdout
+
+
+# --------------------------------------------------------------------------- no silent split
+
+class SeedProject(ComposeProject):
+    """The seed's own compose example (tests/e2e/seed/docker-compose.yml), plus overrides."""
+
+    def __init__(self, *overrides: str, **env: str):
+        super().__init__(**env)
+        self.files = [SEED / "docker-compose.yml", *(SEED / o for o in overrides)]
+
+    def compose(self, *args, timeout=600, check=False, **env):
+        files = [arg for f in self.files for arg in ("-f", str(f))]
+        return subprocess.run([*compose_command(), "-p", self.name, *files, *args],
+                              env={**self.env, **{k: str(v) for k, v in env.items()}}, capture_output=True,
+                              text=True, timeout=timeout, check=check)
+
+
+def test_seed_horovod_snippet_under_the_seed_compose_stops_instead_of_training_apart(image, tmp_path):
+    """Seed 000's compose file (no LAUNCHER: torchrun) with seed 001's Horovod snippet: every
+    process would be a world of one. The job stops, naming LAUNCHER; with it set, it trains."""
+    code = code_dir(tmp_path, train__py=(SEED / "horovod_snippet.py").read_text())
+    data = tmp_path / "data"
+    data.mkdir()
+    split = SeedProject(CODE_PATH=str(code), DATA_PATH=str(data))
+    try:
+        run = split.compose("up", "--abort-on-container-exit", timeout=300)
+        output = split.logs()
+        codes = split.exit_codes()
+        assert all(code != 0 for code in codes.values()) and len(codes) == 2, (codes, output[-3000:])
+        assert "set LAUNCHER=horovod" in output and not results(output), output[-3000:]
+    finally:
+        split.down()
+    fixed = SeedProject("launcher-horovod.yml", CODE_PATH=str(code), DATA_PATH=str(data))
+    try:
+        run = fixed.compose("up", "--abort-on-container-exit", timeout=300)
+        assert run.returncode == 0 and set(fixed.exit_codes().values()) == {0}, fixed.logs()[-3000:]
+        assert_replicas_agree(fixed.logs(), 2)
+    finally:
+        fixed.down()
+
+
+DDP_SCRIPT = '''"""torch.distributed only (seed 000's integration note), nothing of Horovod."""
+import hashlib, os
+import torch, torch.distributed as dist
+from torch import nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+x = torch.randn(1024, 16, generator=torch.Generator().manual_seed(1))
+y = x @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
+model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+loss = lambda: nn.functional.mse_loss(model(x), y).item()
+before, rank, world = loss(), dist.get_rank(), dist.get_world_size()
+for step in range(60):
+    part = slice((step * world + rank) * 16 % 1024, (step * world + rank) * 16 % 1024 + 16)
+    opt.zero_grad(); nn.functional.mse_loss(model(x[part]), y[part]).backward(); opt.step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+print(f"RESULT framework=pytorch rank={rank} world={world} loss_before={before:.6f} loss_after={loss():.6f} "
+      f"digest={digest}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_torch_distributed_script_under_launcher_horovod_joins_one_group(image, project, tmp_path):
+    """LAUNCHER=horovod also gives env:// (MASTER_ADDR and a port of its own), so a plain
+    torch.distributed script trains as one job across the two nodes instead of failing."""
+    code = code_dir(tmp_path, train__py=DDP_SCRIPT)
+    job = project(LAUNCHER="horovod", CODE_PATH=str(code))
+    run = job.compose("up", "--abort-on-container-exit", timeout=300)
+    assert run.returncode == 0 and set(job.exit_codes().values()) == {0}, job.logs()[-3000:]
+    assert_replicas_agree(job.logs(), 2)
+
+
+# --------------------------------------------------------------------------- Docker Swarm
+
+def docker_clients() -> list[str]:
+    """The docker clients here: the first on PATH and Debian's (20.10 refused a stack file
+    without `version:`). On a machine with one, one."""
+    found = {}
+    for path in (shutil.which("docker"), "/usr/bin/docker"):
+        if path and os.path.exists(path):
+            version = subprocess.run([path, "version", "--format", "{{.Client.Version}}"], capture_output=True,
+                                     text=True).stdout.strip()
+            found.setdefault(os.path.realpath(path), (path, version))
+    return [found[k] for k in sorted(found)]
+
+
+@pytest.fixture(scope="module")
+def swarm(image):
+    with Swarm() as s:
+        yield s
+
+
+@pytest.mark.parametrize("client, version", docker_clients(), ids=[v for _, v in docker_clients()])
+def test_swarm_stack_trains_two_nodes_over_the_overlay_network(image, swarm, client, version, tmp_path):
+    data, checkpoints = tmp_path / "data", tmp_path / "checkpoints"
+    data.mkdir()
+    checkpoints.mkdir()
+    checkpoints.chmod(0o777)
+    stack = SwarmStack(client, CODE_PATH=str(ROOT / "examples"), DATA_PATH=str(data),
+                       CHECKPOINT_PATH=str(checkpoints), RDZV_TIMEOUT="120")
+    try:
+        deployed = stack.deploy()
+        assert deployed.returncode == 0, f"{client} ({version}): {deployed.stderr}"
+        tasks = stack.wait_finished(expected=2, timeout=300)
+        output = stack.logs()
+        assert all(state.startswith("Complete") for _, state in tasks), (tasks, output[-3000:])
+        assert_replicas_agree(output, 2)
+    finally:
+        stack.remove()

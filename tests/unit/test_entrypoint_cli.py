@@ -2,6 +2,7 @@
 nothing started (no child process, no port, no file)."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,3 +66,32 @@ def test_explain_prints_the_plan_and_starts_nothing():
 def test_dry_run_flag_and_script_arguments():
     result = entrypoint({"NPROC_PER_NODE": "2"}, "--dry-run", "--steps", "7")
     assert result.returncode == 0 and "--standalone" in result.stdout and "--steps 7" in result.stdout
+
+
+def manifest(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text('{"frameworks": ["pytorch", "tensorflow", "keras"], "launchers": ["native", "horovod", "mpi"]}')
+    return str(path)
+
+
+def test_a_program_after_the_image_runs_in_place_with_the_training_environment(tmp_path):
+    result = entrypoint({"FRAMEWORK": "keras", "NET_IFNAME": "eth9", "DISTTRAIN_MANIFEST": manifest(tmp_path)},
+                        "sh", "-c", 'echo "$TF_USE_LEGACY_KERAS $NCCL_SOCKET_IFNAME $OMP_NUM_THREADS"; exit 5')
+    assert result.returncode == 5, result.stderr          # the program's own exit code: it replaced us
+    keras, iface, threads = result.stdout.split()
+    assert (keras, iface) == ("1", "eth9") and int(threads) >= 1
+    # The training script exists (ENTRYPOINT): one line says which ran and how to pass the word to it.
+    assert "put -- before it" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_program_with_bad_variables_starts_nothing(tmp_path):
+    result = entrypoint({"FRAMEWORK": "jax", "DISTTRAIN_MANIFEST": manifest(tmp_path)}, "sh", "-c", "echo RAN")
+    assert result.returncode == 2 and "RAN" not in result.stdout and "FRAMEWORK" in result.stderr
+
+
+def test_dry_run_of_a_program_and_of_a_forced_script_argument(tmp_path):
+    env = {"DISTTRAIN_MANIFEST": manifest(tmp_path), "NPROC_PER_NODE": "2"}
+    result = entrypoint(env, "--dry-run", "sh", "-c", "true")
+    assert result.returncode == 0 and "runs:  sh -c true" in result.stdout and "OMP_NUM_THREADS=" in result.stdout
+    result = entrypoint(env, "--dry-run", "--", "sh")
+    assert result.returncode == 0 and re.search(r"torch.distributed.run .*train\.py sh$", result.stdout, re.M)

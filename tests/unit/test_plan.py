@@ -122,7 +122,7 @@ def test_local_mpi_launcher_reenters_the_entrypoint_per_rank():
     p = plan(LAUNCHER="mpi", NPROC_PER_NODE=2)
     [spec] = plan_processes(p, nodes(2), 0, master_port=12345)
     argv = list(spec.argv)
-    assert argv[:3] == ["mpirun", "--np", "2"] and argv[-3:] == ["entrypoint.main", "--steps", "3"]
+    assert argv[:3] == ["mpirun", "--np", "2"] and argv[-4:] == ["entrypoint.main", "--", "--steps", "3"]
     assert spec.env["MASTER_PORT"] == "12345" and spec.env["HOROVOD_CONTROLLER"] == "mpi"
     assert "-x" in argv and "ENTRYPOINT" in argv
 
@@ -181,3 +181,29 @@ def test_explain_shows_the_plan_without_starting_anything():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", IB_HCA="mlx5_0:1")
     text = explain(p, plan_processes(p, nodes(1, 1), 0, horovod_port=29501), {})
     assert "Horovod" in text and "job store m:29500" in text and "NCCL_IB_HCA=mlx5_0:1" in text
+
+
+def test_horovod_workers_also_get_torch_distributed_env():
+    """A torch.distributed script under LAUNCHER=horovod joins one group (env://), on a port
+    that is not the job store's."""
+    p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    specs = plan_processes(p, nodes(2, 2), 1, horovod_addr="m", horovod_port=29501, master_port=40111)
+    env = specs[0].env
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("m", "40111")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("2", "4", "0")
+
+
+def test_launched_processes_name_their_launcher_for_the_guard():
+    for launcher in ("native", "horovod"):
+        for framework in ("pytorch", "tensorflow"):
+            p = plan(FRAMEWORK=framework, LAUNCHER=launcher, NPROC_PER_NODE=2)
+            specs = plan_processes(p, nodes(2, ports=2), 0, horovod_addr="127.0.0.1", horovod_port=1, master_port=2)
+            assert {s.env["DISTTRAIN_LAUNCHER"] for s in specs} == {launcher}
+
+
+def test_commands_get_the_shared_environment_and_the_interface():
+    from entrypoint.plan import command_env
+    env = command_env(plan(FRAMEWORK="keras", NET_IFNAME="ib0", NPROC_PER_NODE=2))
+    assert env["OMP_NUM_THREADS"] == "1" and env["TF_USE_LEGACY_KERAS"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["HOROVOD_GLOO_IFACE"] == "ib0"
+    assert "WORLD_SIZE" not in env and "DISTTRAIN_LAUNCHER" not in env
