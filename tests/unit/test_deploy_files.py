@@ -147,3 +147,11 @@ def test_entrypoint_understands_the_indexed_job():
     env = {e["name"]: e.get("value", "1") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     plan = plan_for(env)
     assert (plan.config.node_rank, plan.config.role, plan.config.num_nodes) == (1, "worker", job["spec"]["completions"])
+
+
+def test_swarm_stack_declares_the_version_old_clients_need():
+    """docker 20.10's `stack deploy` refuses a file without `version:` ('unsupported Compose
+    file version: 1.0'); 3.8 is the first with max_replicas_per_node (Docker 19.03)."""
+    data = yaml.safe_load((ROOT / "deploy" / "swarm" / "stack.yml").read_text())
+    assert data["version"] == "3.8"
+    assert data["services"]["worker"]["deploy"]["placement"]["max_replicas_per_node"] == 1
