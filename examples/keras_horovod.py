@@ -34,7 +34,9 @@ synthetic.started(hvd.rank(), start)
 if start < args.steps:
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch_size)
     model.fit(data, epochs=1, steps_per_epoch=args.steps - start,
-              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: synthetic.pause(args))],
+              # Horovod's own callbacks, as its examples use them (they need patch 0005: tf.keras's backend).
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                         keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: synthetic.pause(args))],
               verbose=0)
 weights = model.get_weights()
 if hvd.rank() == 0 and start < args.steps:
