@@ -3,7 +3,7 @@
 # make test-tpu  the tpu image, then the tests that need it (skipped by `make test` without it)
 #
 # Build settings come from the environment (see `python build.py build --help`):
-# BUILD_BASE_IMAGES, BUILD_WHEELHOUSE, BUILD_CA_CERT, BUILD_PIP_INDEX_URL, ...
+# BUILD_BASE_IMAGES, BUILD_WHEELHOUSE, BUILD_CA_CERT, BUILD_PIP_INDEX_URL, BUILD_WITHOUT, ...
 
 PYTHON   ?= python3
 VENV     ?= .venv
