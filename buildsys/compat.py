@@ -216,15 +216,14 @@ def check_torch_companions(variant) -> list[tuple[str, str]]:
                                     + ", ".join(TORCH_COMPANIONS)))
         elif wanted is None:
             problems.append((field, f"torch {public} has no {name} release; allowed: null"))
-        elif pin.split("+", 1)[0] != wanted:
-            problems.append((field, f"{pin!r} is not built for torch {public}; allowed: {wanted!r}"
-                                    + (f" ('{wanted}+{local_tag(torch)}')" if local_tag(torch) else "")))
-        elif local_tag(pin) != local_tag(torch):
-            build = f"'+{local_tag(torch)}'" if local_tag(torch) else "the plain PyPI"
-            problems.append((field, f"{pin!r} is not the same build as torch {torch!r}; allowed: "
-                                    f"{wanted + ('+' + local_tag(torch) if local_tag(torch) else '')!r} ({build} "
-                                    f"build; other builds fail at import: 'operator torchvision::nms does not "
-                                    f"exist')"))
+        else:
+            same_build = wanted + (f"+{local_tag(torch)}" if local_tag(torch) else "")
+            if pin.split("+", 1)[0] != wanted:
+                problems.append((field, f"{pin!r} is not built for torch {public}; allowed: {same_build!r}"))
+            elif local_tag(pin) != local_tag(torch):
+                problems.append((field, f"{pin!r} is not the same build as torch {torch!r}; allowed: "
+                                        f"{same_build!r} (another build fails at import: 'operator "
+                                        f"torchvision::nms does not exist')"))
     return problems
 
 
