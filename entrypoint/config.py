@@ -164,6 +164,10 @@ VARIABLES = (
     Var("MAX_NODES", Int(1), None, "elastic PyTorch: most nodes"),
     Var("MAX_RESTARTS", Int(0), "0", "PyTorch native: times torchrun restarts the workers after a failure"),
     Var("RDZV_TIMEOUT", Int(1), "300", "seconds to wait for the master and the other nodes"),
+    Var("ELASTIC_LAST_CALL", Int(1), "2", "elastic: seconds a rendezvous waits for more nodes once MIN_NODES "
+                                          "are in (torchrun's last_call_timeout, 30 there)"),
+    Var("ELASTIC_DEAD_AFTER", Int(2), "3", "elastic: seconds without a rendezvous keep-alive (one a second) "
+                                           "before a node is dropped from the rendezvous (15 in torchrun)"),
     Var("PEER_TIMEOUT", Int(2), "10", "seconds without a heartbeat before a node counts as dead"),
     Var("GRACE_PERIOD", Int(0), "8", "seconds between SIGTERM and SIGKILL when stopping the workers"),
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
@@ -214,6 +218,8 @@ class Config:
     max_nodes: int | None
     max_restarts: int
     rdzv_timeout: int
+    elastic_last_call: int
+    elastic_dead_after: int
     peer_timeout: int
     grace_period: int
     run_id: str
@@ -262,6 +268,9 @@ def elastic_bounds(v: Values, env: dict) -> Values:
                           f"{missing} is not set")
     if v["MIN_NODES"] is not None and v["MIN_NODES"] > v["MAX_NODES"]:
         raise _fail("MIN_NODES", env["MIN_NODES"], f"must be <= MAX_NODES ({v['MAX_NODES']})")
+    for knob in ("ELASTIC_LAST_CALL", "ELASTIC_DEAD_AFTER"):
+        if v["MIN_NODES"] is None and env.get(knob, "").strip():
+            raise _fail(knob, env[knob], "only elastic jobs use it; set MIN_NODES and MAX_NODES, or unset it")
     return {}
 
 

@@ -4,9 +4,10 @@ Two steps, as in horovod's gloo_run (compute slots, then launch):
 
 1. `plan_node(config, hw)`: how many processes this node runs, which rendezvous it joins
    or serves, the environment every process shares, and preflight warnings.
-2. `plan_processes(plan, nodes, node_rank, iface)`: the exact commands, once the nodes
-   are known (for torchrun, before: torchrun does its own rendezvous; for Horovod and
-   TensorFlow, after the nodes exchanged addresses at the master).
+2. `plan_processes(plan, placement)`: the exact commands, once this node has joined the
+   job (join.py) and knows its Placement: node rank, peers, interface, ports (for
+   torchrun, peers are not needed: torchrun does its own rendezvous; for Horovod and
+   TensorFlow, the nodes exchanged addresses at the master).
 
 Each launcher is a function from the same inputs to a list of ProcessSpec.
 """
@@ -21,6 +22,7 @@ from . import accelerators
 from .accelerators import Accelerator
 from .config import Config, ConfigError
 from .ecosystem import DirectRank
+from .torchrun import TorchrunLaunch, rendezvous_conf
 
 TORCHRUN_PREFIX = "[rank${rank}]: "
 
@@ -42,6 +44,11 @@ class Hardware:
         return f"{self.tpu_chips} TPU {self.tpu_kind} chip(s) ({files})"
 
 
+def job_prefix(run_id: str) -> str:
+    """Where one job's keys live in the job store (jobstore.py)."""
+    return f"disttrain/{run_id}/"
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """What a node tells the others at rendezvous."""
@@ -58,6 +65,21 @@ class NodeInfo:
     def from_json(text: str | bytes) -> "NodeInfo":
         data = json.loads(text)
         return NodeInfo(int(data["node_rank"]), data["addr"], int(data["nproc"]), tuple(data["ports"]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node stands once it has joined the job: what the launchers need."""
+    node_rank: int
+    nodes: tuple[NodeInfo, ...] = ()     # every node when the launcher exchanges addresses, else this one
+    iface: str | None = None             # NIC for NCCL, Gloo and Horovod (None: theirs to choose)
+    master_port: int | None = None       # torch's MASTER_PORT for processes that form their own group
+    horovod_addr: str | None = None      # Horovod's rendezvous server
+    horovod_port: int | None = None
+
+    @property
+    def me(self) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.node_rank == self.node_rank), None)
 
 
 @dataclass(frozen=True)
@@ -245,7 +267,15 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     if fw == "tensorflow" and config.launcher == "native" and mode != "direct":
         ports_needed = nproc + ((1 + config.num_ps) if config.sync_mode == "async" and config.role == "master" else 0)
 
+    if config.elastic and config.max_restarts == 0:
+        warnings.append("MAX_RESTARTS=0 with MIN_NODES/MAX_NODES: the job ends at the first lost node; "
+                        "set MAX_RESTARTS to the losses it should survive")
+
     env = _common_env(config, hw, nproc, world, user_env, accel)
+    if mode == "distributed":
+        # Where the processes report training rounds (disttrain.elastic): the job store.
+        env.update(DISTTRAIN_JOB_STORE=f"{config.master_addr}:{config.master_port}",
+                   DISTTRAIN_JOB_PREFIX=job_prefix(config.run_id))
     return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
                     ports_needed=ports_needed, hardware=hw, accelerator=accel,
@@ -265,30 +295,28 @@ def _iface_env(iface: str | None) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface}
 
 
-def torchrun_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None) -> list[ProcessSpec]:
+def torchrun_launch(plan: NodePlan, placement: Placement) -> TorchrunLaunch:
     c = plan.config
-    argv = [plan.python, "-m", "torch.distributed.run", f"--nproc-per-node={plan.nproc}", "--tee=3",
-            f"--max-restarts={c.max_restarts}", f"--rdzv-id={c.run_id}"]
+    env = {**plan.env, **_iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), placement.node_rank),
+           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX, "NODE_RANK": str(placement.node_rank)}
+    common = dict(nproc_per_node=plan.nproc, run_id=c.run_id, max_restarts=c.max_restarts, env=env,
+                  script=c.entrypoint, args=tuple(c.script_args))
     if plan.mode == "local":
-        argv.append("--standalone")
-    else:
-        nnodes = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
-        # The job store is served by the master's entrypoint, not by torchrun (is_host=0),
-        # so it outlives any one torchrun and the entrypoint sees every node come and go.
-        argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={plan.rendezvous.endpoint}",
-                 f"--rdzv-conf=is_host=0,join_timeout={c.rdzv_timeout},read_timeout={c.rdzv_timeout}"]
-        me = next((n for n in nodes if n.node_rank == node_rank), None)
-        if me:
-            # The address the others reach this node at (torchrun's default, the FQDN, may
-            # not resolve elsewhere); the node that gets global rank 0 serves the workers'
-            # process-group store there. torchrun orders global ranks by these addresses.
-            argv.append(f"--local-addr={me.addr}")
-    # torchrun runs a .py with its own interpreter; anything else needs --no-python.
-    argv += [c.entrypoint] if c.entrypoint.endswith(".py") else ["--no-python", c.entrypoint]
-    argv += list(c.script_args)
-    env = {**plan.env, **_iface_env(iface), **_tpu_env(plan, nodes, node_rank),
-           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX, "NODE_RANK": str(node_rank)}
-    return [ProcessSpec("torchrun", tuple(argv), env)]
+        return TorchrunLaunch(standalone=True, **common)
+    me = placement.me
+    # The address the others reach this node at (torchrun's default, the FQDN, may not
+    # resolve elsewhere); the node that gets global rank 0 serves the workers'
+    # process-group store there. torchrun orders global ranks by these addresses.
+    return TorchrunLaunch(
+        nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
+        rdzv_endpoint=plan.rendezvous.endpoint,
+        rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after),
+        local_addr=me.addr if me else None, **common)
+
+
+def torchrun_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
+    launch = torchrun_launch(plan, placement)
+    return [ProcessSpec("torchrun", launch.argv(plan.python), launch.env)]
 
 
 def _tpu_env(plan: NodePlan, nodes: list[NodeInfo], node_rank: int) -> dict[str, str]:
@@ -298,15 +326,14 @@ def _tpu_env(plan: NodePlan, nodes: list[NodeInfo], node_rank: int) -> dict[str,
     return accelerators.tpu_worker_env(addresses, node_rank, dict(plan.user_tpu_env))
 
 
-def xla_host_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
-                       store_port: int) -> list[ProcessSpec]:
+def xla_host_processes(plan: NodePlan, placement: Placement, store_port: int) -> list[ProcessSpec]:
     """One PyTorch/XLA process on this host, as PJRT expects; torch_xla.launch inside it starts
     a process per chip. Their xla:// store is MASTER_ADDR:store_port, served by torch_xla's
     process 0, which lives on TPU worker 0: node 0, the master."""
-    c = plan.config
+    c, node_rank = plan.config, placement.node_rank
     master = c.master_addr if plan.mode == "distributed" else "127.0.0.1"
-    env = {**plan.env, **_iface_env(iface), **_tpu_env(plan, nodes, node_rank), "NODE_RANK": str(node_rank),
-           "MASTER_ADDR": master, "MASTER_PORT": str(store_port)}
+    env = {**plan.env, **_iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), node_rank),
+           "NODE_RANK": str(node_rank), "MASTER_ADDR": master, "MASTER_PORT": str(store_port)}
     return [ProcessSpec(f"node {node_rank}", script_argv(c, plan.python), env)]
 
 
@@ -318,22 +345,22 @@ def horovod_slots(nodes: list[NodeInfo]):
     return get_host_assignments(hosts, sum(n.nproc for n in nodes))
 
 
-def horovod_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
-                      rendezvous_addr: str, rendezvous_port: int, torch_port: int) -> list[ProcessSpec]:
+def horovod_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     """Horovod's workers, started directly with the environment horovodrun would give them.
     They also get torch.distributed's env:// (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE), so
     a torch.distributed script under LAUNCHER=horovod joins one group too: rank 0 is on the
-    master (Horovod's host assignment), which serves it on `torch_port`."""
+    master (Horovod's host assignment), which serves it on the placement's master_port."""
     c = plan.config
+    node_rank, iface = placement.node_rank, placement.iface
     procs = []
-    for slot in horovod_slots(nodes):
+    for slot in horovod_slots(list(placement.nodes)):
         if slot.hostname != f"node{node_rank}":
             continue
         env = {
             **plan.env, **_iface_env(iface),
             **_rank_env(slot.rank, slot.size, slot.local_rank, slot.local_size, node_rank),
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": placement.horovod_addr or c.master_addr,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(placement.horovod_port or c.horovod_port),
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_IFACE": iface or "lo",
@@ -344,8 +371,8 @@ def horovod_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, ifa
             "HOROVOD_LOCAL_SIZE": str(slot.local_size),
             "HOROVOD_CROSS_RANK": str(slot.cross_rank),
             "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-            "MASTER_ADDR": rendezvous_addr,
-            "MASTER_PORT": str(torch_port),
+            "MASTER_ADDR": placement.horovod_addr or c.master_addr,
+            "MASTER_PORT": str(placement.master_port or c.master_port),
         }
         procs.append(ProcessSpec(f"rank {slot.rank}", script_argv(c, plan.python), env))
     return procs
@@ -366,8 +393,9 @@ def tf_cluster(plan: NodePlan, nodes: list[NodeInfo]) -> dict[str, list[str]]:
     return cluster
 
 
-def tensorflow_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None) -> list[ProcessSpec]:
+def tensorflow_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     c = plan.config
+    nodes, node_rank, iface = list(placement.nodes), placement.node_rank, placement.iface
     cluster = tf_cluster(plan, nodes)
     ordered = sorted(nodes, key=lambda n: n.node_rank)
     first = sum(n.nproc for n in ordered if n.node_rank < node_rank)
@@ -393,12 +421,12 @@ def tensorflow_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, 
     return procs
 
 
-def mpi_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None,
-                  master_port: int) -> list[ProcessSpec]:
+def mpi_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     """mpirun starts the entrypoint once per rank; each one sees OMPI_COMM_WORLD_* and runs
     the script directly (ecosystem.py), with RANK/WORLD_SIZE/MASTER_* for torch's env://."""
     c = plan.config
-    if plan.mode == "distributed" and node_rank != 0:
+    iface, master_port = placement.iface, placement.master_port or c.master_port
+    if plan.mode == "distributed" and placement.node_rank != 0:
         return []          # the master's mpirun reaches this node through the MPI launch agent
     world = plan.nproc * (c.num_nodes if plan.mode == "distributed" else 1)
     env = {**plan.env, **_iface_env(iface), "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(master_port),
@@ -421,27 +449,23 @@ def direct_process(plan: NodePlan) -> ProcessSpec:
     return ProcessSpec(f"rank {d.rank}", script_argv(c, plan.python), env)
 
 
-def plan_processes(plan: NodePlan, nodes: list[NodeInfo], node_rank: int, iface: str | None = None,
-                   horovod_addr: str | None = None, horovod_port: int | None = None,
-                   master_port: int | None = None) -> list[ProcessSpec]:
-    """The node's processes. `master_port` is the port of torch.distributed's env:// store
-    for the processes that need one (Horovod's, mpirun's); default MASTER_PORT."""
+def plan_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
+    """The node's processes, once it has joined (the placement)."""
     c = plan.config
     fw = "tensorflow" if c.framework == "keras" else c.framework
     if plan.mode == "direct":
         return [direct_process(plan)]
     if plan.xla_host:
-        return xla_host_processes(plan, nodes, node_rank, iface,
-                                  (master_port or c.master_port) if plan.mode == "local" else c.xla_port)
+        store_port = (placement.master_port or c.master_port) if plan.mode == "local" else c.xla_port
+        return xla_host_processes(plan, placement, store_port)
     if c.launcher == "mpi":
-        return mpi_processes(plan, nodes, node_rank, iface, master_port or c.master_port)
+        return mpi_processes(plan, placement)
     if c.launcher == "horovod":
-        specs = horovod_processes(plan, nodes, node_rank, iface, horovod_addr or c.master_addr,
-                                  horovod_port or c.horovod_port, master_port or c.master_port)
+        specs = horovod_processes(plan, placement)
     elif fw == "pytorch":
-        specs = torchrun_processes(plan, nodes, node_rank, iface)
+        specs = torchrun_processes(plan, placement)
     else:
-        specs = tensorflow_processes(plan, nodes, node_rank, iface)
+        specs = tensorflow_processes(plan, placement)
     # Tells the in-process guard (disttrain/guard.py) which variable chose this launcher.
     return [replace(s, env={**s.env, "DISTTRAIN_LAUNCHER": c.launcher}) for s in specs]
 
@@ -455,15 +479,18 @@ def command_env(plan: NodePlan) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- explaining
 
-def assumed_nodes(plan: NodePlan) -> list[NodeInfo]:
+def assumed_placement(plan: NodePlan) -> Placement:
     """For EXPLAIN before rendezvous: every node like this one, ports as placeholders."""
-    count = plan.config.num_nodes if plan.mode == "distributed" and not plan.config.elastic else 1
+    c = plan.config
+    count = c.num_nodes if plan.mode == "distributed" and not c.elastic else 1
     nodes = []
     for rank in range(count):
         ports = plan.ports_needed if rank == 0 else plan.nproc
-        addr = plan.config.master_addr if rank == 0 else f"<node {rank} address>"
+        addr = c.master_addr if rank == 0 else f"<node {rank} address>"
         nodes.append(NodeInfo(rank, addr, plan.nproc, tuple(range(20000 + 100 * rank, 20000 + 100 * rank + ports))))
-    return nodes
+    rank = plan.direct.rank if plan.direct else (c.node_rank or 0)
+    return Placement(rank, tuple(nodes), iface=c.net_ifname, master_port=c.master_port,
+                     horovod_addr=c.master_addr, horovod_port=c.horovod_port)
 
 
 def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:

@@ -1,13 +1,19 @@
 """One supervisor per container: runs a node's processes and ends them together.
 
+It is given everything at construction: the processes, their environment, the grace
+period, the log, what it watches (the job, through `Watch`) and the signals it obeys;
+`run()` returns the node's Outcome.
+
 * Each process runs in its own process group, so a signal reaches everything it started
-  (torchrun's workers, mpirun's ranks).
+  (torchrun's agent, mpirun's ranks); whatever escapes its group (torchrun's workers
+  have sessions of their own) is found by the node token (reaper.py), also when the
+  entrypoint itself is killed.
 * Output lines are prefixed with the process's label ('[rank 3] ...'); torchrun's workers
   prefix their own lines with their global rank.
-* SIGTERM/SIGINT are forwarded to every group; after GRACE_PERIOD seconds, SIGKILL.
-* The first critical process to fail stops the others; its exit code is the node's.
-* `poll` (the job store) is asked about once a second whether the job must stop; it
-  answers with a reason, or a (reason, exit code) pair.
+* SIGTERM/SIGINT stop every group; after GRACE_PERIOD seconds, SIGKILL.
+* The first critical process to fail stops the others; its outcome is the node's.
+* The watch is asked about once a second whether the node must stop (another node
+  failed, the master is gone, the job finished for a node that only serves).
 """
 
 from __future__ import annotations
@@ -16,15 +22,26 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from typing import Callable, TextIO
+from typing import Protocol
 
+from .log import Log
+from .outcome import NodeState, Outcome
 from .plan import ProcessSpec
+from .reaper import TOKEN_VAR, Sentinel, new_token, sweep
+from .signals import Signals
 
 POLL_INTERVAL = 0.2
-STORE_INTERVAL = 1.0
+WATCH_INTERVAL = 1.0
+
+
+class Watch(Protocol):
+    def check(self) -> Outcome | None:
+        """None while the node should go on; else the outcome that stops it."""
+
+    def stopping(self, signum: int) -> Outcome:
+        """This node got a signal: tell the others first; returns what the node reports."""
 
 
 def _die_with_parent() -> None:
@@ -35,56 +52,33 @@ def _die_with_parent() -> None:
         pass
 
 
-def exit_code(returncode: int) -> int:
-    """Popen's -N (killed by signal N) becomes the shell's 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 class Supervisor:
-    def __init__(self, grace_period: float, out: TextIO = sys.stdout,
-                 poll: Callable[[], tuple[str, int] | str | None] | None = None,
-                 job_finished: Callable[[], int | None] | None = None,
-                 on_signal: Callable[[int], None] | None = None):
+    def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
+                 log: Log, watch: Watch | None = None, signals: Signals | None = None):
+        self.processes = list(processes)
+        self.base_env = base_env
         self.grace = grace_period
-        self.out = out
-        self.poll = poll
-        self.job_finished = job_finished
-        self.on_signal = on_signal
+        self.log = log
+        self.watch = watch
+        self.signals = signals or Signals()
+        self.token = new_token()
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
-        self.signal_received: int | None = None
-        self._lock = threading.Lock()
         self._pumps: list[threading.Thread] = []
+        self._sentinel: Sentinel | None = None
 
     # ----------------------------------------------------------------- output
-    def say(self, text: str) -> None:
-        with self._lock:
-            self.out.write(f"entrypoint: {text}\n")
-            self.out.flush()
-
     def _pump(self, spec: ProcessSpec, stream) -> None:
         prefix = f"[{spec.label}] " if spec.label else ""
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            if line.startswith("[rank"):
-                text = line
-            else:
-                text = prefix + line
-            with self._lock:
-                self.out.write(text if text.endswith("\n") else text + "\n")
-                self.out.flush()
+            self.log.line(line if line.startswith("[rank") else prefix + line)
         stream.close()
 
-    # ----------------------------------------------------------------- signals
-    def install_signal_handlers(self) -> None:
-        def handler(signum, _frame):
-            self.signal_received = signum
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
     # ----------------------------------------------------------------- lifecycle
-    def start(self, specs: list[ProcessSpec], base_env: dict[str, str]) -> None:
-        for spec in specs:
-            env = {**base_env, **spec.env}
+    def start(self) -> None:
+        self._sentinel = Sentinel(self.token)
+        for spec in self.processes:
+            env = {**self.base_env, **spec.env, TOKEN_VAR: self.token}
             proc = subprocess.Popen(list(spec.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                     preexec_fn=_die_with_parent)
@@ -94,7 +88,8 @@ class Supervisor:
             self._pumps.append(pump)
 
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
-        """Signal every running group, wait up to the grace period, then SIGKILL."""
+        """Signal every running group, wait up to the grace period, then SIGKILL; then
+        whatever else carries this node's token."""
         running = [(s, p) for s, p in self.children if p.poll() is None]
         for _, proc in running:
             self._signal_group(proc, sig)
@@ -103,14 +98,17 @@ class Supervisor:
             time.sleep(0.05)
         for spec, proc in running:
             if proc.poll() is None:
-                self.say(f"{spec.label or 'process'} did not stop within GRACE_PERIOD={self.grace:g}s: SIGKILL")
+                self.log.say(f"{spec.label or 'process'} did not stop within GRACE_PERIOD={self.grace:g}s: SIGKILL")
                 self._signal_group(proc, signal.SIGKILL)
             proc.wait()
-        # Reap whatever else the groups left behind.
         for _, proc in self.children:
             self._signal_group(proc, signal.SIGKILL)
+        sweep(self.token)
         for pump in self._pumps:
             pump.join(timeout=2)
+        if self._sentinel:
+            self._sentinel.close()
+            self._sentinel = None
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -119,48 +117,39 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, specs: list[ProcessSpec], base_env: dict[str, str]) -> int:
-        """Start the processes and supervise them; returns the node's exit code."""
-        self.start(specs, base_env)
+    def run(self) -> Outcome:
+        """Start the processes and supervise them; returns the node's outcome."""
+        self.start()
+        outcome = self._supervise()
+        self.stop_all(signal.SIGTERM)
+        return outcome
+
+    def _supervise(self) -> Outcome:
         critical = [(s, p) for s, p in self.children if s.critical]
-        last_store_check = 0.0
+        last_watch = 0.0
         while True:
-            if self.signal_received is not None:
-                name = signal.Signals(self.signal_received).name
-                self.say(f"{name} received: stopping {len(self.children)} process(es)")
-                if self.on_signal:
-                    # Tell the other nodes first: their processes are about to lose this
-                    # node's, and should read that as "stopped", not as a failure.
-                    self.on_signal(self.signal_received)
-                self.stop_all(signal.SIGTERM)
-                # The children's codes now only echo the signal (torchrun exits 1 on SIGTERM):
-                # report the signal itself, as a shell would.
-                return 128 + self.signal_received
+            if self.signals.received is not None:
+                signum = self.signals.received
+                self.log.say(f"{signal.Signals(signum).name} received: stopping {len(self.children)} process(es)")
+                # Tell the other nodes first: their processes are about to lose this
+                # node's, and should read that as "stopped", not as a failure.
+                return self.watch.stopping(signum) if self.watch else Outcome.stopped(signum)
             for spec, proc in critical:
                 code = proc.poll()
                 if code is not None and code != 0:
-                    code = exit_code(code)
-                    self.say(f"{spec.label} exited with {code}: stopping the others")
-                    self.stop_all(signal.SIGTERM)
-                    return code
+                    outcome = Outcome.of_process(spec.label, code)
+                    self.log.say(f"{outcome.reason}: stopping the others")
+                    return outcome
             if critical and all(p.poll() == 0 for _, p in critical):
-                self.stop_all(signal.SIGTERM)      # servers (TF ps/workers) end with the chief
-                return 0
+                return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
+            if not critical and not self.watch and all(p.poll() is not None for _, p in self.children):
+                return Outcome.succeeded()
             now = time.monotonic()
-            if now - last_store_check >= STORE_INTERVAL:
-                last_store_check = now
-                if self.poll:
-                    verdict = self.poll()
-                    if verdict:
-                        reason, code = verdict if isinstance(verdict, tuple) else (verdict, 1)
-                        self.say(f"stopping: {reason}")
-                        self.stop_all(signal.SIGTERM)
-                        return code
-                if not critical and self.job_finished:
-                    finished = self.job_finished()
-                    if finished is not None:
-                        self.stop_all(signal.SIGTERM)
-                        return 0 if finished == 0 else 1
-                if not critical and not self.job_finished and all(p.poll() is not None for _, p in self.children):
-                    return 0
+            if self.watch and now - last_watch >= WATCH_INTERVAL:
+                last_watch = now
+                verdict = self.watch.check()
+                if verdict is not None:
+                    if verdict.state is not NodeState.SUCCEEDED:
+                        self.log.say(f"stopping: {verdict.reason}")
+                    return verdict
             time.sleep(POLL_INTERVAL)

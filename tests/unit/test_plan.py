@@ -7,7 +7,7 @@ import pytest
 from entrypoint.config import ConfigError, load_config
 from entrypoint.ecosystem import translate
 from entrypoint.hardware import choose_interface
-from entrypoint.plan import Hardware, NodeInfo, explain, plan_node, plan_processes
+from entrypoint.plan import Hardware, NodeInfo, Placement, explain, plan_node, plan_processes
 
 FW, LA = ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"]
 CPU2 = Hardware(gpus=0, cpus=2, shm_bytes=64 << 20)
@@ -24,6 +24,11 @@ def nodes(*nprocs, ports=0):
             for i, n in enumerate(nprocs)]
 
 
+def at(node_rank, node_list, iface=None, **kw):
+    """The placement a node has after joining."""
+    return Placement(node_rank, tuple(node_list), iface=iface, **kw)
+
+
 def test_nproc_defaults_to_gpus_else_one():
     assert plan().nproc == 1
     assert plan(Hardware(gpus=4, cpus=32, shm_bytes=16 << 30)).nproc == 4
@@ -32,7 +37,7 @@ def test_nproc_defaults_to_gpus_else_one():
 
 def test_local_torchrun():
     p = plan(NPROC_PER_NODE=2)
-    [spec] = plan_processes(p, nodes(2), 0)
+    [spec] = plan_processes(p, at(0, nodes(2)))
     argv = list(spec.argv)
     assert argv[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in argv
     assert "--nproc-per-node=2" in argv and argv[-3:] == ["/app/code/train.py", "--steps", "3"]
@@ -44,7 +49,7 @@ def test_distributed_torchrun_uses_the_job_store_as_a_client():
     p = plan(NPROC_PER_NODE=2, NUM_NODES=2, ROLE="worker", MASTER_ADDR="master", MASTER_PORT=29500,
              RDZV_TIMEOUT=60)
     assert p.rendezvous.endpoint == "master:29500" and not p.rendezvous.serve_store and not p.rendezvous.exchange
-    [spec] = plan_processes(p, nodes(2), 1, iface="eth0")
+    [spec] = plan_processes(p, at(1, nodes(2), iface="eth0"))
     argv = list(spec.argv)
     assert "--nnodes=2" in argv and "--rdzv-backend=c10d" in argv and "--rdzv-endpoint=master:29500" in argv
     assert "--rdzv-conf=is_host=0,join_timeout=60,read_timeout=60" in argv
@@ -53,7 +58,7 @@ def test_distributed_torchrun_uses_the_job_store_as_a_client():
 
 def test_elastic_torchrun():
     p = plan(MIN_NODES=1, MAX_NODES=4, ROLE="master", MASTER_ADDR="m", MAX_RESTARTS=3)
-    argv = list(plan_processes(p, nodes(1), 0)[0].argv)
+    argv = list(plan_processes(p, at(0, nodes(1)))[0].argv)
     assert "--nnodes=1:4" in argv and "--max-restarts=3" in argv
     assert p.world_size is None
 
@@ -66,7 +71,7 @@ def test_master_serves_store_and_horovod_rendezvous():
 
 def test_horovod_env_matches_what_horovodrun_sets():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    specs = plan_processes(p, nodes(2, 2), 1, iface="eth0", horovod_addr="m", horovod_port=29501)
+    specs = plan_processes(p, at(1, nodes(2, 2), iface="eth0", horovod_addr="m", horovod_port=29501))
     assert [s.label for s in specs] == ["rank 2", "rank 3"]
     env = specs[1].env
     assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "m" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "29501"
@@ -80,7 +85,7 @@ def test_horovod_env_matches_what_horovodrun_sets():
 
 def test_horovod_uneven_nodes():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    specs = plan_processes(p, nodes(2, 1), 0, iface="eth0")
+    specs = plan_processes(p, at(0, nodes(2, 1), iface="eth0"))
     assert [s.env["HOROVOD_SIZE"] for s in specs] == ["3", "3"]
     assert [s.env["HOROVOD_CROSS_SIZE"] for s in specs] == ["2", "1"]
 
@@ -88,7 +93,7 @@ def test_horovod_uneven_nodes():
 def test_tensorflow_sync_tf_config():
     p = plan(FRAMEWORK="tensorflow", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
     assert p.rendezvous.exchange and p.ports_needed == 2
-    specs = plan_processes(p, nodes(2, 2), 1)
+    specs = plan_processes(p, at(1, nodes(2, 2)))
     configs = [json.loads(s.env["TF_CONFIG"]) for s in specs]
     assert configs[0]["cluster"] == {"worker": ["10.0.0.1:40000", "10.0.0.1:40001", "10.0.0.2:40010",
                                                  "10.0.0.2:40011"]}
@@ -104,7 +109,7 @@ def test_keras_opt_out_of_legacy_keras_is_honoured():
 def test_tensorflow_async_parameter_servers_on_the_master():
     p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NUM_PS=2)
     assert p.ports_needed == 1 + 1 + 2
-    specs = plan_processes(p, [NodeInfo(0, "m", 1, (1, 2, 3, 4)), NodeInfo(1, "w", 1, (9,))], 0)
+    specs = plan_processes(p, at(0, [NodeInfo(0, "m", 1, (1, 2, 3, 4)), NodeInfo(1, "w", 1, (9,))]))
     assert [(s.label, s.critical) for s in specs] == [("chief", True), ("ps 0", False), ("ps 1", False),
                                                        ("worker 0", False)]
     cluster = json.loads(specs[0].env["TF_CONFIG"])["cluster"]
@@ -114,13 +119,13 @@ def test_tensorflow_async_parameter_servers_on_the_master():
 
 def test_tensorflow_async_worker_node_only_serves():
     p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m")
-    specs = plan_processes(p, [NodeInfo(0, "m", 1, (1, 2, 3)), NodeInfo(1, "w", 1, (9,))], 1)
+    specs = plan_processes(p, at(1, [NodeInfo(0, "m", 1, (1, 2, 3)), NodeInfo(1, "w", 1, (9,))]))
     assert [(s.label, s.critical) for s in specs] == [("worker 1", False)]
 
 
 def test_local_mpi_launcher_reenters_the_entrypoint_per_rank():
     p = plan(LAUNCHER="mpi", NPROC_PER_NODE=2)
-    [spec] = plan_processes(p, nodes(2), 0, master_port=12345)
+    [spec] = plan_processes(p, at(0, nodes(2), master_port=12345))
     argv = list(spec.argv)
     assert argv[:3] == ["mpirun", "--np", "2"] and argv[-4:] == ["entrypoint.main", "--", "--steps", "3"]
     assert spec.env["MASTER_PORT"] == "12345" and spec.env["HOROVOD_CONTROLLER"] == "mpi"
@@ -129,16 +134,16 @@ def test_local_mpi_launcher_reenters_the_entrypoint_per_rank():
 
 def test_multi_node_mpi_runs_mpirun_on_the_master_only():
     master = plan(LAUNCHER="mpi", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", HOSTFILE="/app/code/hosts")
-    assert "--hostfile" in plan_processes(master, nodes(1, 1), 0)[0].argv
+    assert "--hostfile" in plan_processes(master, at(0, nodes(1, 1)))[0].argv
     worker = plan(LAUNCHER="mpi", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", HOSTFILE="/app/code/hosts")
-    assert plan_processes(worker, nodes(1, 1), 1) == []
+    assert plan_processes(worker, at(1, nodes(1, 1))) == []
 
 
 def test_direct_rank_under_mpirun():
     p = plan(OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_RANK=1,
              OMPI_COMM_WORLD_LOCAL_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=2222)
     assert p.mode == "direct"
-    [spec] = plan_processes(p, [], 1)
+    [spec] = plan_processes(p, at(1, []))
     assert (spec.env["RANK"], spec.env["WORLD_SIZE"], spec.env["LOCAL_RANK"]) == ("1", "2", "1")
     assert spec.env["MASTER_PORT"] == "2222" and spec.argv[0] == "py"
 
@@ -179,7 +184,7 @@ def test_interface_choice():
 
 def test_explain_shows_the_plan_without_starting_anything():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", IB_HCA="mlx5_0:1")
-    text = explain(p, plan_processes(p, nodes(1, 1), 0, horovod_port=29501), {})
+    text = explain(p, plan_processes(p, at(0, nodes(1, 1), horovod_port=29501)), {})
     assert "Horovod" in text and "job store m:29500" in text and "NCCL_IB_HCA=mlx5_0:1" in text
 
 
@@ -187,7 +192,7 @@ def test_horovod_workers_also_get_torch_distributed_env():
     """A torch.distributed script under LAUNCHER=horovod joins one group (env://), on a port
     that is not the job store's."""
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    specs = plan_processes(p, nodes(2, 2), 1, horovod_addr="m", horovod_port=29501, master_port=40111)
+    specs = plan_processes(p, at(1, nodes(2, 2), horovod_addr="m", horovod_port=29501, master_port=40111))
     env = specs[0].env
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("m", "40111")
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("2", "4", "0")
@@ -197,7 +202,8 @@ def test_launched_processes_name_their_launcher_for_the_guard():
     for launcher in ("native", "horovod"):
         for framework in ("pytorch", "tensorflow"):
             p = plan(FRAMEWORK=framework, LAUNCHER=launcher, NPROC_PER_NODE=2)
-            specs = plan_processes(p, nodes(2, ports=2), 0, horovod_addr="127.0.0.1", horovod_port=1, master_port=2)
+            specs = plan_processes(p, at(0, nodes(2, ports=2), horovod_addr="127.0.0.1", horovod_port=1,
+                                         master_port=2))
             assert {s.env["DISTTRAIN_LAUNCHER"] for s in specs} == {launcher}
 
 

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+from entrypoint.log import Log
+from entrypoint.outcome import NodeState, Outcome
 from entrypoint.plan import ProcessSpec
 from entrypoint.supervisor import Supervisor
 
@@ -18,33 +20,46 @@ def spec(label, code, critical=True):
     return ProcessSpec(label, (PY, "-u", "-c", code), {}, critical)
 
 
-def run(specs, grace=2.0, **kwargs):
+class FakeWatch:
+    """A watch that answers from a function (the job store's side is tested end to end)."""
+
+    def __init__(self, check):
+        self._check = check
+
+    def check(self):
+        return self._check()
+
+    def stopping(self, signum):
+        return Outcome.stopped(signum)
+
+
+def run(specs, grace=2.0, watch=None):
     out = io.StringIO()
-    sup = Supervisor(grace, out=out, **kwargs)
+    sup = Supervisor(specs, dict(os.environ), grace, Log(out), watch=watch)
     started = time.monotonic()
-    code = sup.run(specs, dict(os.environ))
-    return code, out.getvalue(), time.monotonic() - started, sup
+    outcome = sup.run()
+    return outcome, out.getvalue(), time.monotonic() - started, sup
 
 
 def test_all_succeed():
-    code, out, _, _ = run([spec("rank 0", "print('hello')"), spec("rank 1", "print('world')")])
-    assert code == 0
+    outcome, out, _, _ = run([spec("rank 0", "print('hello')"), spec("rank 1", "print('world')")])
+    assert outcome == Outcome.succeeded()
     assert "[rank 0] hello" in out and "[rank 1] world" in out
 
 
 def test_first_failure_stops_the_others_and_sets_the_exit_code():
-    code, out, elapsed, sup = run([spec("rank 0", "import time; time.sleep(60)"),
-                                   spec("rank 1", "import sys, time; time.sleep(0.5); sys.exit(7)")])
-    assert code == 7 and elapsed < 10
+    outcome, out, elapsed, sup = run([spec("rank 0", "import time; time.sleep(60)"),
+                                      spec("rank 1", "import sys, time; time.sleep(0.5); sys.exit(7)")])
+    assert (outcome.state, outcome.code) == (NodeState.FAILED, 7) and elapsed < 10
     assert "rank 1 exited with 7" in out
     assert all(p.poll() is not None for _, p in sup.children)
 
 
 def test_child_ignoring_sigterm_is_killed_after_the_grace_period():
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
-    code, out, elapsed, _ = run([spec("rank 0", stubborn), spec("rank 1", "import sys, time; time.sleep(1); sys.exit(3)")],
-                                grace=1.0)
-    assert code == 3 and elapsed < 6
+    outcome, out, elapsed, _ = run([spec("rank 0", stubborn),
+                                    spec("rank 1", "import sys, time; time.sleep(1); sys.exit(3)")], grace=1.0)
+    assert outcome.code == 3 and elapsed < 6
     assert "did not stop within GRACE_PERIOD=1s: SIGKILL" in out
 
 
@@ -54,8 +69,8 @@ def test_grandchildren_are_stopped_with_their_group():
               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               "print('child', p.pid, flush=True); time.sleep(60)")
     out = io.StringIO()
-    sup = Supervisor(1.0, out=out)
-    sup.start([spec("launcher", parent)], dict(os.environ))
+    sup = Supervisor([spec("launcher", parent)], dict(os.environ), 1.0, Log(out))
+    sup.start()
     for _ in range(100):
         if "child" in out.getvalue():
             break
@@ -79,12 +94,15 @@ def test_sigterm_is_forwarded_and_the_exit_code_is_143():
     script = f"""
 import os, sys
 sys.path.insert(0, {str(os.getcwd())!r})
+from entrypoint.log import Log
+from entrypoint.outcome import NodeState, Outcome
+from entrypoint.log import Log
 from entrypoint.plan import ProcessSpec
+from entrypoint.signals import Signals
 from entrypoint.supervisor import Supervisor
-sup = Supervisor(5.0)
-sup.install_signal_handlers()
 spec = ProcessSpec("rank 0", ({PY!r}, "-u", "-c", "import time; print('ready', flush=True); time.sleep(60)"), {{}})
-sys.exit(sup.run([spec], dict(os.environ)))
+sup = Supervisor([spec], dict(os.environ), 5.0, Log(), signals=Signals().install())
+sys.exit(sup.run().code)
 """
     proc = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, text=True)
     assert "ready" in proc.stdout.readline()
@@ -95,30 +113,86 @@ sys.exit(sup.run([spec], dict(os.environ)))
 
 
 def test_servers_stop_when_the_critical_process_ends():
-    code, out, elapsed, _ = run([spec("chief", "import time; time.sleep(0.5)"),
-                                 spec("ps 0", "import time; time.sleep(60)", critical=False)])
-    assert code == 0 and elapsed < 10
+    outcome, out, elapsed, _ = run([spec("chief", "import time; time.sleep(0.5)"),
+                                    spec("ps 0", "import time; time.sleep(60)", critical=False)])
+    assert outcome.ok and elapsed < 10
 
 
 def test_job_store_abort_stops_everything():
     calls = {"n": 0}
 
-    def poll():
+    def check():
         calls["n"] += 1
-        return "node 1 failed (exit 9)" if calls["n"] >= 2 else None
+        return Outcome.failed("node 1 failed (exit 9)").aborting() if calls["n"] >= 2 else None
 
-    code, out, elapsed, _ = run([spec("rank 0", "import time; time.sleep(60)")], poll=poll)
-    assert code == 1 and "stopping: node 1 failed (exit 9)" in out and elapsed < 10
+    outcome, out, elapsed, _ = run([spec("rank 0", "import time; time.sleep(60)")], watch=FakeWatch(check))
+    assert (outcome.state, outcome.code) == (NodeState.ABORTED, 1)
+    assert "stopping: node 1 failed (exit 9)" in out and elapsed < 10
 
 
 def test_server_only_node_ends_when_the_job_finishes():
     done = threading.Event()
     threading.Timer(1.0, done.set).start()
-    code, _, elapsed, _ = run([spec("worker 1", "import time; time.sleep(60)", critical=False)],
-                              job_finished=lambda: 0 if done.is_set() else None)
-    assert code == 0 and 0.9 < elapsed < 10
+    outcome, _, elapsed, _ = run([spec("worker 1", "import time; time.sleep(60)", critical=False)],
+                                 watch=FakeWatch(lambda: Outcome.succeeded() if done.is_set() else None))
+    assert outcome.ok and 0.9 < elapsed < 10
 
 
 def test_output_lines_keep_torchruns_rank_prefix():
-    code, out, _, _ = run([spec("torchrun", "print('[rank3]: hi'); print('agent log')")])
+    outcome, out, _, _ = run([spec("torchrun", "print('[rank3]: hi'); print('agent log')")])
     assert "[rank3]: hi" in out and "[torchrun] agent log" in out
+
+
+# torchrun puts its workers in sessions of their own: out of reach of its process group.
+ESCAPING = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "print('child', p.pid, flush=True); time.sleep(60)")
+
+
+def _wait_for_child(out) -> int:
+    for _ in range(200):
+        if "child" in out.getvalue():
+            return int(out.getvalue().split("child")[1].split()[0])
+        time.sleep(0.05)
+    raise AssertionError(out.getvalue())
+
+
+def test_processes_that_left_their_group_are_stopped_too():
+    out = io.StringIO()
+    sup = Supervisor([spec("launcher", ESCAPING)], dict(os.environ), 1.0, Log(out))
+    sup.start()
+    escaped = _wait_for_child(out)
+    sup.stop_all()
+    time.sleep(0.2)
+    assert not alive(escaped)
+
+
+def test_a_killed_entrypoint_takes_its_processes_with_it():
+    """SIGKILL to the supervising process alone (not its group): the sentinel ends
+    everything the node started, including processes in sessions of their own."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(os.getcwd())!r})
+from entrypoint.log import Log
+from entrypoint.plan import ProcessSpec
+from entrypoint.supervisor import Supervisor
+spec = ProcessSpec("launcher", ({PY!r}, "-u", "-c", {ESCAPING!r}), {{}})
+Supervisor([spec], dict(os.environ), 5.0, Log()).run()
+"""
+    proc = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    line = proc.stdout.readline()
+    assert "child" in line, line
+    escaped = int(line.split("child")[1].split()[0])
+    launcher = [p for p in _children_of(proc.pid) if p != escaped]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (alive(escaped) or any(alive(p) for p in launcher)):
+        time.sleep(0.1)
+    assert not alive(escaped) and not any(alive(p) for p in launcher)
+
+
+def _children_of(pid: int) -> list[int]:
+    import psutil
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]

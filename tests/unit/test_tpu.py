@@ -7,7 +7,7 @@ from entrypoint import hardware
 from entrypoint.config import ConfigError, load_config
 from entrypoint.ecosystem import translate
 from entrypoint.main import preflight_summary
-from entrypoint.plan import Hardware, NodeInfo, explain, plan_node, plan_processes
+from entrypoint.plan import Hardware, NodeInfo, Placement, explain, plan_node, plan_processes
 
 FW, LA = ["pytorch"], ["native"]
 V4 = Hardware(gpus=0, cpus=240, shm_bytes=64 << 30, tpu_chips=4, tpu_kind="v4",
@@ -79,7 +79,7 @@ def test_tpu_host_runs_one_xla_process_per_host():
     p = plan()
     assert (p.accelerator.kind, p.accelerator.pjrt_device, p.nproc, p.world_size) == ("tpu", "TPU", 1, None)
     assert p.env["PJRT_DEVICE"] == "TPU" and p.xla_host
-    [spec] = plan_processes(p, [NodeInfo(0, "127.0.0.1", 1)], 0, master_port=41000)
+    [spec] = plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 1),), master_port=41000))
     assert spec.argv == ("py", "-u", "/app/code/train.py", "--steps", "3")     # no torchrun: PJRT's own launch
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"]) == ("127.0.0.1", "41000")
     assert "TPU_WORKER_ID" not in spec.env and "RANK" not in spec.env
@@ -87,7 +87,7 @@ def test_tpu_host_runs_one_xla_process_per_host():
 
 def test_one_process_per_chip_when_asked():
     p = plan(NPROC_PER_NODE=4)
-    [spec] = plan_processes(p, [NodeInfo(0, "127.0.0.1", 4)], 0)
+    [spec] = plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 4),)))
     assert spec.argv[:3] == ("py", "-m", "torch.distributed.run") and "--nproc-per-node=4" in spec.argv
     assert spec.env["PJRT_DEVICE"] == "TPU" and not p.xla_host and p.world_size == 4
     assert "NPROC_PER_NODE=8" in error(NPROC_PER_NODE=8) and "this host has 4" in error(NPROC_PER_NODE=8)
@@ -97,7 +97,7 @@ def test_preflight_and_explain_name_the_accelerator():
     p = plan()
     summary = preflight_summary(p)
     assert "accelerator tpu, PJRT_DEVICE=TPU" in summary and "4 TPU v4 chip(s) (/dev/accel0../dev/accel3)" in summary
-    text = explain(p, plan_processes(p, [NodeInfo(0, "127.0.0.1", 1)], 0), {})
+    text = explain(p, plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 1),))), {})
     assert "accelerator: tpu, PJRT_DEVICE=TPU; 4 TPU v4 chip(s)" in text and "one PyTorch/XLA process per host" in text
     assert "accelerator cpu;" in preflight_summary(plan(CPU, xla=False))
 
@@ -114,7 +114,7 @@ def test_the_variables_a_tpu_slice_sets_become_the_placement():
     assert (c.train_mode, c.num_nodes, c.node_rank, c.role, c.master_addr) == ("distributed", 2, 1, "worker", "t-w-0.t")
     assert p.rendezvous.exchange and not p.rendezvous.serve_store
     nodes = [NodeInfo(0, "10.0.0.1", 1), NodeInfo(1, "10.0.0.2", 1)]
-    [spec] = plan_processes(p, nodes, 1, iface="ens8")
+    [spec] = plan_processes(p, Placement(1, tuple(nodes), iface="ens8"))
     assert "TPU_WORKER_ID" not in spec.env and "TPU_WORKER_HOSTNAMES" not in spec.env    # the platform's stay
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"], spec.env["NODE_RANK"]) == ("t-w-0.t", "29501", "1")
 
@@ -122,12 +122,12 @@ def test_the_variables_a_tpu_slice_sets_become_the_placement():
 def test_tpu_worker_variables_derived_from_the_job_stores_placement():
     p = plan(ROLE="worker", NUM_NODES=3, NODE_RANK=2, MASTER_ADDR="10.0.0.1", MASTER_PORT=29400, XLA_PORT=29411)
     nodes = [NodeInfo(2, "10.0.0.3", 1), NodeInfo(0, "10.0.0.1", 1), NodeInfo(1, "10.0.0.2", 1)]
-    [spec] = plan_processes(p, nodes, 2, iface="ens8", master_port=29400)
+    [spec] = plan_processes(p, Placement(2, tuple(nodes), iface="ens8", master_port=29400))
     assert spec.env["TPU_WORKER_ID"] == "2" and spec.env["TPU_WORKER_HOSTNAMES"] == "10.0.0.1,10.0.0.2,10.0.0.3"
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"]) == ("10.0.0.1", "29411")
     assert spec.env["GLOO_SOCKET_IFNAME"] == "ens8"
     per_chip = plan(ROLE="master", NUM_NODES=2, MASTER_ADDR="10.0.0.1", NPROC_PER_NODE=4)
-    [torchrun] = plan_processes(per_chip, [NodeInfo(0, "10.0.0.1", 4), NodeInfo(1, "10.0.0.2", 4)], 0)
+    [torchrun] = plan_processes(per_chip, Placement(0, (NodeInfo(0, "10.0.0.1", 4), NodeInfo(1, "10.0.0.2", 4))))
     assert torchrun.env["TPU_WORKER_ID"] == "0" and torchrun.env["TPU_WORKER_HOSTNAMES"] == "10.0.0.1,10.0.0.2"
 
 

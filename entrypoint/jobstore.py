@@ -1,0 +1,202 @@
+"""The job store: the keys through which the nodes of one job find, number and watch each other.
+
+The master's entrypoint serves a torch.distributed.TCPStore on MASTER_ADDR:MASTER_PORT for
+the whole job; every node's entrypoint is a client. torchrun's c10d rendezvous uses the
+same store (is_host=0), so it lives as long as the job rather than as long as one
+torchrun. Under the prefix `disttrain/<RUN_ID>/`:
+
+    next             counter: the last node rank handed out without NODE_RANK
+    node/<k>/claim   a node took rank k (NODE_RANK, or the next free one)
+    node/<k>/info    its address, process count and ports (NodeInfo JSON)
+    node/<k>/hb      heartbeat counter, bumped every second
+    node/<k>/exit    its Outcome (JSON), when its processes are done
+    job/launch       the master's go: every node has joined, Horovod's server is up (its port,
+                     and the port of torch.distributed's env:// store for Horovod's workers)
+    job/done         the master saw every node finish; workers may leave
+    job/abort        the Outcome that ends the job on every node (ABORTED, with its cause)
+    rounds           counter: training rounds reported by the processes (elastic)
+    round/<n>        {"world": W, "step": S}: round n's world size and the step it resumed
+                     from, written by global rank 0 through disttrain.elastic
+
+This module only reads and writes those keys; joining (join.py) and watching (watch.py)
+decide what they mean. Every method raises StoreGone once the store cannot be reached.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import time
+import uuid
+
+from .outcome import Outcome
+from .plan import NodeInfo, job_prefix
+
+
+class StoreGone(Exception):
+    """The job store cannot be reached (its host stopped, or the network failed)."""
+
+
+class RendezvousError(Exception):
+    """Joining failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for."""
+
+
+def probe(host: str, port: int) -> str | None:
+    """None if host:port accepts a TCP connection now, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return None
+    except socket.gaierror:
+        return f"{host!r} does not resolve (yet)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class JobStore:
+    def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float):
+        self.host, self.port, self.serve = host, port, serve
+        self.endpoint = f"{host}:{port}"
+        self.prefix = job_prefix(run_id)
+        self.timeout_s = timeout_s
+        self.store = None
+
+    # ----------------------------------------------------------------- connecting
+    def connect(self, deadline: float, cancelled=lambda: False) -> None:
+        from torch.distributed import TCPStore
+
+        if self.serve:
+            try:
+                self.store = TCPStore("0.0.0.0", self.port, is_master=True, wait_for_workers=False,
+                                      timeout=dt.timedelta(seconds=self.timeout_s))
+            except RuntimeError as exc:
+                raise RendezvousError(f"cannot serve the job store on port {self.port} (MASTER_PORT): "
+                                      f"{_first_line(exc)}") from None
+            return
+        last = "no attempt"
+        while time.monotonic() < deadline and not cancelled():
+            # Probe quietly first (DNS, then TCP): TCPStore logs every failed attempt with a
+            # C++ stack trace, and a worker routinely starts before its master.
+            last = probe(self.host, self.port)
+            if last is None:
+                try:
+                    self.store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                                          timeout=dt.timedelta(seconds=max(5.0, self.timeout_s)))
+                    return
+                except (RuntimeError, ValueError) as exc:
+                    last = _first_line(exc)
+            time.sleep(1.0)
+        if cancelled():
+            return
+        raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
+                              f"(is the master running and the port reachable?); last error: {last}")
+
+    def set_timeout(self, seconds: float) -> None:
+        """How long one store operation may block before the store counts as gone."""
+        if self.store is not None:
+            self.store.set_timeout(dt.timedelta(seconds=seconds))
+
+    @property
+    def connected(self) -> bool:
+        return self.store is not None
+
+    # ----------------------------------------------------------------- raw keys
+    def _call(self, op, *args):
+        try:
+            return op(*args)
+        except (RuntimeError, ValueError, OSError) as exc:      # DistStoreError, DistNetworkError, timeouts
+            raise StoreGone(_first_line(exc)) from None
+
+    def has(self, name: str) -> bool:
+        return self._call(self.store.check, [self.prefix + name])
+
+    def get(self, name: str) -> str:
+        return self._call(self.store.get, self.prefix + name).decode()
+
+    def set(self, name: str, value: str) -> None:
+        self._call(self.store.set, self.prefix + name, value)
+
+    def add(self, name: str, amount: int) -> int:
+        return int(self._call(self.store.add, self.prefix + name, amount))
+
+    def compare_set(self, name: str, expected: str, desired: str) -> str:
+        return self._call(self.store.compare_set, self.prefix + name, expected, desired).decode()
+
+    # ----------------------------------------------------------------- nodes
+    def claim(self, rank: int) -> bool:
+        """compare_set writes our token only if the key is absent; it returns what is stored."""
+        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        return self.compare_set(f"node/{rank}/claim", "", token) == token
+
+    def next_rank(self) -> int:
+        return self.add("next", 1)
+
+    def claimed(self, rank: int) -> bool:
+        return self.has(f"node/{rank}/claim")
+
+    def highest_rank(self, bound: int) -> int:
+        """The highest rank that may have been claimed: `bound` - 1, or above it when
+        elastic nodes took fresh ranks beyond it."""
+        return max(bound - 1, self.add("next", 0))
+
+    def publish(self, info: NodeInfo) -> None:
+        self.set(f"node/{info.node_rank}/info", info.to_json())
+
+    def node_info(self, rank: int) -> NodeInfo | None:
+        name = f"node/{rank}/info"
+        return NodeInfo.from_json(self.get(name)) if self.has(name) else None
+
+    def beat(self, rank: int) -> None:
+        self.add(f"node/{rank}/hb", 1)
+
+    def heartbeat(self, rank: int) -> int:
+        return self.add(f"node/{rank}/hb", 0)
+
+    def set_exit(self, rank: int, outcome: Outcome) -> None:
+        self.set(f"node/{rank}/exit", outcome.to_json())
+
+    def exit(self, rank: int) -> Outcome | None:
+        name = f"node/{rank}/exit"
+        return Outcome.from_json(self.get(name)) if self.has(name) else None
+
+    # ----------------------------------------------------------------- the job
+    def announce_launch(self, horovod_port: int | None, torch_port: int | None = None) -> None:
+        """Carries the master's Horovod port (only the master needs HOROVOD_PORT) and the
+        port of torch.distributed's env:// store for processes under Horovod."""
+        self.set("job/launch", json.dumps({"horovod_port": horovod_port, "torch_port": torch_port}))
+
+    def launch(self) -> dict | None:
+        return json.loads(self.get("job/launch")) if self.has("job/launch") else None
+
+    def abort(self, outcome: Outcome) -> None:
+        """Record why the job ends (the first reason wins). Quiet when the store is gone:
+        the others then find out by themselves."""
+        if self.store is None:
+            return
+        try:
+            self.compare_set("job/abort", "", outcome.aborting().to_json())
+        except StoreGone:
+            pass
+
+    def aborted(self) -> Outcome | None:
+        return Outcome.from_json(self.get("job/abort")) if self.has("job/abort") else None
+
+    def mark_done(self) -> None:
+        self.set("job/done", "1")
+
+    def done(self) -> bool:
+        return self.has("job/done")
+
+    # ----------------------------------------------------------------- training rounds (elastic)
+    def rounds(self) -> int:
+        return self.add("rounds", 0)
+
+    def round(self, n: int) -> dict | None:
+        name = f"round/{n}"
+        return json.loads(self.get(name)) if self.has(name) else None

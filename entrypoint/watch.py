@@ -1,0 +1,230 @@
+"""Watching the job while this node's processes run, and finishing together.
+
+What ends a node, from the job's side:
+* job/abort: another node failed or was stopped (its outcome, with the cause);
+* the master: its processes failed, it stopped answering (no heartbeat for PEER_TIMEOUT
+  seconds), or the job store cannot be reached (store operations time out after
+  PEER_TIMEOUT): "lost the master", exit 1;
+* on the master, a worker that failed, or (fixed-size jobs) went silent.
+
+Elastic jobs (MIN_NODES/MAX_NODES) differ in one thing: a worker that goes silent or
+leaves is not a failure. torchrun re-forms the group without it, and the master logs it.
+Every node logs the training rounds that disttrain.elastic reports (world size, step).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .config import Config
+from .jobstore import JobStore, StoreGone
+from .log import Log
+from .outcome import NodeState, Outcome
+from .signals import Signals
+
+MASTER_LINGER_S = 0.5
+WAIT_INTERVAL_S = 0.2
+
+
+def stop_outcome(config: Config, signum: int) -> Outcome:
+    """What a signal means for this node: an elastic worker leaves a job that goes on;
+    any other node stops the job."""
+    if config.elastic and config.role == "worker":
+        return Outcome.left(signum)
+    return Outcome.stopped(signum)
+
+
+class JobWatch:
+    def __init__(self, store: JobStore, config: Config, node_rank: int, log: Log, signals: Signals,
+                 serverless: bool = False):
+        self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
+        self.master = node_rank == 0
+        self.serverless = serverless
+        self._seen: dict[int, tuple[int, float]] = {}      # node -> (last heartbeat, when it changed)
+        self._gone: set[int] = set()                        # elastic: nodes that left
+        self._joined: set[int] = set()                      # elastic: nodes the master has logged
+        self._started = time.monotonic()
+        # A store that stops answering is a lost master: no operation may block longer.
+        store.set_timeout(config.peer_timeout)
+        self._round, self._world = 0, None
+        if config.elastic:
+            self._skip_past_rounds()
+
+    # ----------------------------------------------------------------- while running
+    def check(self) -> Outcome | None:
+        """About once a second: None while all is well, else the outcome that stops this node."""
+        try:
+            self.store.beat(self.rank)
+            aborted = self.store.aborted()
+            if aborted:
+                return aborted
+            if self.config.elastic:
+                self._log_rounds()
+            return self._check_workers() if self.master else self._check_master()
+        except StoreGone as exc:
+            return self._store_gone(exc)
+
+    def stopping(self, signum: int) -> Outcome:
+        outcome = stop_outcome(self.config, signum)
+        if outcome.ends_job:
+            self.store.abort(outcome)
+        return outcome
+
+    def _store_gone(self, exc: Exception) -> Outcome:
+        if self.master:
+            return Outcome.failed(f"the job store failed: {exc}")
+        return Outcome.lost(f"lost the master at {self.store.endpoint} ({exc}); it stopped or its host is "
+                            f"unreachable, and the job ends with it")
+
+    def _check_master(self) -> Outcome | None:
+        master = self.store.exit(0)
+        if master is not None and not master.ok:
+            return master.aborting()
+        if master is not None and self.serverless:
+            return Outcome.succeeded("the master finished")
+        if self._silent(0):
+            return Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
+                                f"PEER_TIMEOUT={self.config.peer_timeout}s")
+        return None
+
+    def _check_workers(self) -> Outcome | None:
+        """Why the master must stop, from the workers' side: too few joined, one failed,
+        or one went silent. None while all is well."""
+        c = self.config
+        if not c.elastic and time.monotonic() - self._started > c.rdzv_timeout:
+            joined = len(self._workers()) + 1
+            if joined < c.num_nodes:
+                return Outcome.failed(f"only {joined} of {c.num_nodes} nodes joined MASTER_ADDR:MASTER_PORT="
+                                      f"{self.store.endpoint} within RDZV_TIMEOUT={c.rdzv_timeout}s")
+        for k in self._workers():
+            if k in self._gone:
+                continue
+            if c.elastic and k not in self._joined:
+                self._joined.add(k)
+                self.log.say(f"node {k} joined the job")
+            outcome = self.store.exit(k)
+            if outcome is not None:
+                if outcome.state is NodeState.LEFT:
+                    self._leave(k, f"node {k} left the job ({outcome.reason})")
+                elif not outcome.ok:
+                    return outcome.aborting()
+                continue
+            if self._silent(k):
+                if c.elastic:        # torchrun re-forms the group without it
+                    self._leave(k, f"node {k} lost: no heartbeat for PEER_TIMEOUT={c.peer_timeout}s; "
+                                   f"the job goes on without it")
+                    continue
+                return Outcome.lost(f"node {k} stopped answering (no heartbeat for {c.peer_timeout}s)")
+        return None
+
+    def _leave(self, node: int, text: str) -> None:
+        self._gone.add(node)
+        self.log.say(text)
+
+    def _workers(self) -> list[int]:
+        top = self.store.highest_rank(self.config.most_nodes)
+        return [k for k in range(1, top + 1) if self.store.claimed(k)]
+
+    def _silent(self, node: int) -> bool:
+        """True once `node`'s heartbeat counter has not moved for PEER_TIMEOUT seconds."""
+        now = time.monotonic()
+        beats = self.store.heartbeat(node)
+        last, since = self._seen.get(node, (-1, now))
+        if beats != last:
+            self._seen[node] = (beats, now)
+            return False
+        return now - since > self.config.peer_timeout
+
+    # ----------------------------------------------------------------- training rounds
+    def _skip_past_rounds(self) -> None:
+        """A node that joins a running job reports rounds from its own on."""
+        try:
+            self._round = self.store.rounds()
+            last = self.store.round(self._round) if self._round else None
+            self._world = last["world"] if last else None
+        except StoreGone:
+            pass
+
+    def _log_rounds(self) -> None:
+        while self._round < self.store.rounds():
+            data = self.store.round(self._round + 1)
+            if data is None:
+                return               # counted but not written yet: next time
+            self._round += 1
+            world, step = data["world"], data["step"]
+            if self._world is None:
+                self.log.say(f"training: world size {world}, from step {step}")
+            else:
+                self.log.say(f"membership changed: world size {self._world} -> {world}, resumed from step {step}")
+            self._world = world
+
+    # ----------------------------------------------------------------- finishing
+    def finish(self, outcome: Outcome) -> Outcome:
+        """Record this node's outcome. The master then waits for the workers' results, and a
+        successful worker for the master's; both as long as the others' heartbeats move."""
+        try:
+            outcome = self._cause(outcome)
+            if outcome.ends_job:
+                self.store.abort(outcome)
+            self.store.set_exit(self.rank, outcome)
+            if not outcome.ok:
+                return outcome
+            return self._wait_for_workers() if self.master else self._wait_for_master()
+        except StoreGone as exc:
+            if self.master or outcome.ok or outcome.on_purpose or outcome.state is NodeState.LEFT:
+                return outcome      # the store is gone; this node's own result still stands
+            lost = self._store_gone(exc)
+            self.log.say(lost.reason)
+            return lost
+
+    def _cause(self, outcome: Outcome) -> Outcome:
+        """This node's processes failed: because another node was stopped (then this
+        node reports the stop, 143, not a failure of its own)?"""
+        if outcome.state is not NodeState.FAILED:
+            return outcome
+        aborted = self.store.aborted()
+        if aborted is not None and aborted.on_purpose:
+            self.log.say(aborted.reason)
+            return aborted
+        return outcome
+
+    def _wait_for_workers(self) -> Outcome:
+        while True:
+            verdict = self._check_workers()          # a failed or silent worker ends the wait
+            if verdict:
+                self.log.say(verdict.reason)
+                self.store.abort(verdict)
+                return verdict
+            if all(k in self._gone or self.store.exit(k) is not None for k in self._workers()):
+                # Every node is done: the workers may leave. Leaving a moment after them
+                # lets `compose up --abort-on-container-exit` see the workers end first
+                # rather than stopping them while they exit.
+                self.store.mark_done()
+                time.sleep(MASTER_LINGER_S)
+                return Outcome.succeeded()
+            if self.signals.received is not None:
+                return self.stopping(self.signals.received)
+            self.store.beat(self.rank)
+            time.sleep(WAIT_INTERVAL_S)
+
+    def _wait_for_master(self) -> Outcome:
+        """A worker whose processes succeeded stays until the master has seen every node
+        finish (job/done), so that `compose up --abort-on-container-exit`, which stops the
+        rest when one container exits, never stops a node that is still finishing. It
+        waits as long as the master's heartbeat moves."""
+        while True:
+            if self.store.done():
+                return Outcome.succeeded()
+            aborted = self.store.aborted()
+            if aborted:
+                self.log.say(aborted.reason)
+                return aborted
+            if self.signals.received is not None:
+                return Outcome.stopped(self.signals.received)
+            if self._silent(0):
+                lost = Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
+                                    f"PEER_TIMEOUT={self.config.peer_timeout}s")
+                self.log.say(lost.reason)
+                return lost
+            self.store.beat(self.rank)
+            time.sleep(WAIT_INTERVAL_S)
