@@ -27,7 +27,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import queue
 import socket
+import threading
 import time
 import uuid
 
@@ -60,12 +62,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 class JobStore:
-    def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float):
+    def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float, op_timeout_s: float):
+        """timeout_s: how long to look for the master (RDZV_TIMEOUT); op_timeout_s: how long
+        one operation may wait for its reply before the store counts as gone (PEER_TIMEOUT).
+        TCPStore's own timeout does not bound a client's reads (torch 2.13: against a frozen
+        server, add/check/get/set block for good), so each operation runs in a thread of its
+        own and is waited for at most op_timeout_s."""
         self.host, self.port, self.serve = host, port, serve
         self.endpoint = f"{host}:{port}"
         self.prefix = job_prefix(run_id)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.op_timeout_s = timeout_s, op_timeout_s
         self.store = None
+        self._gone: str | None = None          # why the store counts as gone, once it does
 
     # ----------------------------------------------------------------- connecting
     def connect(self, deadline: float, cancelled=lambda: False) -> None:
@@ -87,7 +95,7 @@ class JobStore:
             if last is None:
                 try:
                     self.store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                          timeout=dt.timedelta(seconds=max(5.0, self.timeout_s)))
+                                          timeout=dt.timedelta(seconds=max(5.0, self.op_timeout_s)))
                     return
                 except (RuntimeError, ValueError) as exc:
                     last = _first_line(exc)
@@ -97,21 +105,31 @@ class JobStore:
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
                               f"(is the master running and the port reachable?); last error: {last}")
 
-    def set_timeout(self, seconds: float) -> None:
-        """How long one store operation may block before the store counts as gone."""
-        if self.store is not None:
-            self.store.set_timeout(dt.timedelta(seconds=seconds))
-
     @property
     def connected(self) -> bool:
         return self.store is not None
 
     # ----------------------------------------------------------------- raw keys
     def _call(self, op, *args):
+        if self._gone:
+            raise StoreGone(self._gone)
+        reply: queue.Queue = queue.Queue(1)
+
+        def call() -> None:
+            try:
+                reply.put((True, op(*args)))
+            except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError, DistNetworkError
+                reply.put((False, _first_line(exc)))
+
+        threading.Thread(target=call, daemon=True, name="jobstore").start()
         try:
-            return op(*args)
-        except (RuntimeError, ValueError, OSError) as exc:      # DistStoreError, DistNetworkError, timeouts
-            raise StoreGone(_first_line(exc)) from None
+            ok, value = reply.get(timeout=self.op_timeout_s)
+        except queue.Empty:
+            self._gone = f"no reply within PEER_TIMEOUT={self.op_timeout_s:g}s"
+            raise StoreGone(self._gone) from None
+        if not ok:
+            raise StoreGone(value)
+        return value
 
     def has(self, name: str) -> bool:
         return self._call(self.store.check, [self.prefix + name])

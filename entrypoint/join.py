@@ -45,7 +45,8 @@ class Job:
         c = plan.config
         self.plan, self.config, self.log, self.signals = plan, c, log, signals
         self.master = c.role == "master"
-        self.store = JobStore(c.master_addr, c.master_port, c.run_id, serve=self.master, timeout_s=c.rdzv_timeout)
+        self.store = JobStore(c.master_addr, c.master_port, c.run_id, serve=self.master, timeout_s=c.rdzv_timeout,
+                              op_timeout_s=c.peer_timeout)
         self.placement: Placement | None = None
         self._watch: JobWatch | None = None
         self._horovod = None

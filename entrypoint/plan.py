@@ -303,6 +303,12 @@ def torchrun_launch(plan: NodePlan, placement: Placement) -> TorchrunLaunch:
                   script=c.entrypoint, args=tuple(c.script_args))
     if plan.mode == "local":
         return TorchrunLaunch(standalone=True, **common)
+    if c.elastic or c.max_restarts:
+        # torch >= 2.4 shares the rendezvous store with the workers and builds its address
+        # once per agent: a node joining a later round then waits for a MASTER_ADDR that
+        # rank 0 never writes again (pytorch/pytorch#135712). Rounds after the first need
+        # torch's opt-out.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     me = placement.me
     # The address the others reach this node at (torchrun's default, the FQDN, may not
     # resolve elsewhere); the node that gets global rank 0 serves the workers'

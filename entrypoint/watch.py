@@ -44,8 +44,6 @@ class JobWatch:
         self._gone: set[int] = set()                        # elastic: nodes that left
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
-        # A store that stops answering is a lost master: no operation may block longer.
-        store.set_timeout(config.peer_timeout)
         self._round, self._world = 0, None
         if config.elastic:
             self._skip_past_rounds()
@@ -171,7 +169,7 @@ class JobWatch:
                 return outcome
             return self._wait_for_workers() if self.master else self._wait_for_master()
         except StoreGone as exc:
-            if self.master or outcome.ok or outcome.on_purpose or outcome.state is NodeState.LEFT:
+            if self.master or outcome.state is not NodeState.FAILED:
                 return outcome      # the store is gone; this node's own result still stands
             lost = self._store_gone(exc)
             self.log.say(lost.reason)

@@ -1,6 +1,7 @@
 """The bundled example, as /app/code/train.py: picks the example that fits the launch.
 
     FRAMEWORK=pytorch  LAUNCHER=native   -> pytorch_ddp.py (local SGD if SYNC_MODE=async)
+    FRAMEWORK=pytorch  MIN_NODES set     -> pytorch_elastic.py (elastic: MIN_NODES:MAX_NODES)
     FRAMEWORK=pytorch  PARALLEL_MODE=model_parallel|hybrid -> pytorch_hybrid.py
     FRAMEWORK=pytorch  LAUNCHER=horovod  -> pytorch_horovod.py
     FRAMEWORK=pytorch  PJRT_DEVICE set (PyTorch/XLA: TPU, or XLA's CPU client) -> pytorch_xla.py
@@ -21,6 +22,8 @@ sync = os.environ.get("SYNC_MODE", "sync")
 if framework == "pytorch":
     if os.environ.get("PJRT_DEVICE"):
         name = "pytorch_xla.py"
+    elif os.environ.get("MIN_NODES"):
+        name = "pytorch_elastic.py"
     elif parallel != "data_parallel":
         name = "pytorch_hybrid.py"
     else:

@@ -46,7 +46,7 @@ def results(output: str) -> list[Result]:
 
 class Node:
     def __init__(self, env: dict[str, str], args: list[str], log: Path):
-        self.log = log
+        self.log, self.env, self.args = log, env, args
         self.proc = subprocess.Popen([sys.executable, "-m", "entrypoint.main", *args], env=env,
                                      stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -57,16 +57,28 @@ class Node:
     def output(self) -> str:
         return self.log.read_text()
 
-    def kill_tree(self) -> None:
-        """The node dies: the entrypoint and every process it started (as a container would)."""
+    def tree(self) -> list:
+        """The entrypoint and every process it started."""
         import psutil
 
-        root = psutil.Process(self.proc.pid)
-        for p in [root] + root.children(recursive=True):
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def signal_tree(self, sig: int) -> None:
+        import psutil
+
+        for p in self.tree():
             try:
-                p.kill()
+                p.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
+
+    def kill_tree(self) -> None:
+        """The node dies: the entrypoint and every process it started (as a container would)."""
+        self.signal_tree(signal.SIGKILL)
 
 
 def base_env(tmp: Path, **env) -> dict[str, str]:
@@ -89,6 +101,14 @@ def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
                             NODE_ADDR=f"127.0.0.{k + 1}")
         started.append(Node(node_env, args, tmp / f"node{k}.log"))
     return started
+
+
+def add_node(job: list[Node], tmp: Path) -> Node:
+    """Another worker for a running job (elastic jobs take it in), on the next loopback address."""
+    k = len(job)
+    env = {**job[-1].env, "ROLE": "worker", "NODE_ADDR": f"127.0.0.{k + 1}"}
+    job.append(Node(env, job[0].args, tmp / f"node{k}.log"))
+    return job[-1]
 
 
 def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, **env) -> tuple[list[int], str]:

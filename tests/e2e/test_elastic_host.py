@@ -1,0 +1,139 @@
+"""Elastic PyTorch and node loss on loopback: entrypoint processes as nodes, real torchrun.
+
+An elastic job (MIN_NODES=1, MAX_NODES=3) must go on when a worker dies and grow when one
+joins, resuming from the step it had reached; a job must end on every node when its
+master (the job store's host) is lost; and a node whose entrypoint dies takes its
+processes with it. The container tests (test_containers.py) do the same with
+`docker kill` and `compose up --scale`.
+"""
+
+import re
+import signal
+import time
+
+import pytest
+
+from tests.e2e.cluster import Node, add_node, results, start_job, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3)
+LONG = ["--steps", "300", "--step-delay", "0.05", "--checkpoint-every", "1000"]
+CHANGE_RE = re.compile(r"entrypoint: membership changed: world size (\d+) -> (\d+), resumed from step (\d+)")
+ROUND_RE = re.compile(r"ROUND rank=0 world=(\d+) from_step=(\d+) loss=([\d.]+)")
+
+
+def changes(output: str) -> list[tuple[int, int, int]]:
+    return [(int(a), int(b), int(s)) for a, b, s in CHANGE_RE.findall(output)]
+
+
+def initial_loss(output: str) -> float:
+    first = [float(loss) for _, step, loss in ROUND_RE.findall(output) if step == "0"]
+    assert first, output[-3000:]
+    return first[0]
+
+
+def stop(job: list[Node]) -> None:
+    for node in job:
+        if node.proc.poll() is None:
+            node.kill_tree()
+
+
+def alive(procs) -> list:
+    return [p for p in procs if p.is_running() and p.status() != "zombie"]
+
+
+def test_elastic_job_goes_on_without_a_killed_worker(tmp_path):
+    job = start_job(tmp_path, 2, LONG, **ELASTIC)
+    master, worker = job
+    try:
+        wait_for(master, "step 40 loss", 180)
+        worker.kill_tree()
+        assert master.wait(240) == 0, master.output[-4000:]
+    finally:
+        stop(job)
+    [(old, new, step)] = changes(master.output)
+    assert (old, new) == (2, 1) and step >= 40, master.output[-3000:]
+    [result] = results(master.output)
+    assert result.world == 1 and f"resumed_from={step}" in result.extra
+    assert result.after < initial_loss(master.output)
+    assert "node 1 lost" in master.output
+
+
+def test_elastic_job_grows_when_a_node_joins(tmp_path):
+    job = start_job(tmp_path, 2, LONG, **ELASTIC)
+    try:
+        wait_for(job[0], "step 40 loss", 180)
+        add_node(job, tmp_path)
+        codes = [node.wait(240) for node in job]
+    finally:
+        stop(job)
+    output = "\n".join(node.output for node in job)
+    assert codes == [0, 0, 0], output[-4000:]
+    [(old, new, step)] = changes(job[0].output)
+    assert (old, new) == (2, 3) and step >= 40
+    assert changes(job[2].output) == [(2, 3, step)]           # the newcomer logs the change it made
+    found = results(output)
+    assert sorted(r.rank for r in found) == [0, 1, 2] and len({r.digest for r in found}) == 1
+    assert all(f"resumed_from={step}" in r.extra and r.after < initial_loss(output) for r in found)
+
+
+def test_a_killed_entrypoint_takes_its_processes_and_the_elastic_job_goes_on(tmp_path):
+    """Only the worker's entrypoint is killed (SIGKILL): its torchrun and training process
+    must die with it, and the master must count the node as lost, not wait for it."""
+    job = start_job(tmp_path, 2, LONG, **ELASTIC)
+    master, worker = job
+    try:
+        wait_for(worker, "TRAINING", 180)
+        processes = worker.tree()
+        assert len(processes) >= 3, processes           # entrypoint, torchrun, training process (+ sentinel)
+        worker.proc.kill()
+        deadline = time.monotonic() + 10
+        while alive(processes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
+        assert master.wait(240) == 0, master.output[-4000:]
+    finally:
+        stop(job)
+    assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 1)]
+
+
+def test_a_killed_entrypoint_ends_a_fixed_size_job(tmp_path):
+    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.02", "--checkpoint-every", "1000000"],
+                    PEER_TIMEOUT=5)
+    master, worker = job
+    try:
+        wait_for(master, "TRAINING", 180)
+        processes = worker.tree()
+        killed = time.monotonic()
+        worker.proc.kill()
+        code = master.wait(60)
+        elapsed = time.monotonic() - killed
+        time.sleep(1)
+        assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
+    finally:
+        stop(job)
+    assert code != 0 and elapsed < 5 + 10, (code, elapsed, master.output[-3000:])
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_losing_the_master_stops_every_worker_within_peer_timeout_and_grace(tmp_path, how):
+    """killed: its processes die (connections reset). frozen (SIGSTOP): nothing answers
+    and nothing resets, as when its host drops off the network."""
+    peer_timeout, grace = 5, 3
+    job = start_job(tmp_path, 2, LONG + ["--steps", "100000"], PEER_TIMEOUT=peer_timeout, GRACE_PERIOD=grace,
+                    **ELASTIC)
+    master, worker = job
+    try:
+        wait_for(worker, "TRAINING", 180)
+        time.sleep(2)
+        lost_at = time.monotonic()
+        master.signal_tree(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        code = worker.wait(60)
+        elapsed = time.monotonic() - lost_at
+    finally:
+        stop(job)
+    port = master.env["MASTER_PORT"]
+    lines = [line for line in worker.output.splitlines() if f"lost the master at 127.0.0.1:{port}" in line]
+    assert code == 1 and len(lines) == 1, worker.output[-3000:]
+    assert elapsed < peer_timeout + grace + 3, (elapsed, worker.output[-3000:])
