@@ -57,10 +57,23 @@ def test_distributed_torchrun_uses_the_job_store_as_a_client():
 
 
 def test_elastic_torchrun():
-    p = plan(MIN_NODES=1, MAX_NODES=4, ROLE="master", MASTER_ADDR="m", MAX_RESTARTS=3)
-    argv = list(plan_processes(p, at(0, nodes(1)))[0].argv)
-    assert "--nnodes=1:4" in argv and "--max-restarts=3" in argv
-    assert p.world_size is None
+    p = plan(MIN_NODES=1, MAX_NODES=4, ROLE="master", MASTER_ADDR="m", MAX_RESTARTS=3, RDZV_TIMEOUT=60)
+    [spec] = plan_processes(p, at(0, nodes(1)))
+    argv = list(spec.argv)
+    assert "--nnodes=1:4" in argv and "--max-restarts=3" in argv and "--monitor-interval=0.1" in argv
+    assert ("--rdzv-conf=is_host=0,join_timeout=60,read_timeout=60,last_call_timeout=2,keep_alive_interval=1,"
+            "keep_alive_max_attempt=3") in argv
+    assert spec.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"        # pytorch/pytorch#135712
+    assert spec.env["DISTTRAIN_JOB_STORE"] == "m:29500" and spec.env["DISTTRAIN_JOB_PREFIX"] == "disttrain/disttrain/"
+    assert p.world_size is None and p.warnings == ()
+    tuned = plan(MIN_NODES=1, MAX_NODES=4, ROLE="master", MASTER_ADDR="m", ELASTIC_LAST_CALL=5, ELASTIC_DEAD_AFTER=6)
+    assert "last_call_timeout=5" in " ".join(plan_processes(tuned, at(0, nodes(1)))[0].argv)
+    assert any("MAX_RESTARTS=0" in w and "first lost node" in w for w in tuned.warnings)
+
+
+def test_fixed_size_torchrun_keeps_torchs_store_sharing():
+    p = plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan_processes(p, at(0, nodes(1, 1)))[0].env
 
 
 def test_master_serves_store_and_horovod_rendezvous():

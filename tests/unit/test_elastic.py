@@ -1,0 +1,118 @@
+"""disttrain.elastic's parts in one process, and its round reports through a real job store."""
+
+import io
+import signal
+
+import pytest
+import torch
+
+from disttrain import checkpoint, elastic
+from entrypoint.config import load_config
+from entrypoint.jobstore import JobStore
+from entrypoint.log import Log
+from entrypoint.signals import Signals
+from entrypoint.watch import JobWatch
+from tests.e2e.cluster import free_port
+
+
+def consumed(size, epoch, offset, world, batch, steps):
+    """The samples `steps` steps take from `offset` at world size `world`, every rank's."""
+    taken = []
+    for rank in range(world):
+        share = list(elastic.ResumableSampler(size, rank, world, epoch, offset))
+        taken += share[:steps * batch]
+    return taken
+
+
+def test_a_world_size_change_mid_epoch_neither_repeats_nor_skips_a_sample():
+    size, batch = 120, 4
+    first = consumed(size, epoch=3, offset=0, world=2, batch=batch, steps=5)          # 40 samples
+    second = consumed(size, epoch=3, offset=40, world=3, batch=batch, steps=5)        # 60 more
+    third = consumed(size, epoch=3, offset=100, world=1, batch=batch, steps=5)        # the last 20
+    everything = first + second + third
+    assert sorted(everything) == list(range(size))
+    order = elastic.ResumableSampler(size, 0, 1, 3).order().tolist()
+    assert sorted(first) == sorted(order[:40])                   # positions, not indices: a resumed
+    assert sorted(second) == sorted(order[40:100])               # epoch continues the same permutation
+
+
+def test_ranks_get_equal_shares_and_the_uneven_tail_waits():
+    shares = [list(elastic.ResumableSampler(10, r, 3, 0, 0)) for r in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 3]
+    assert len(set(sum(shares, []))) == 9
+
+
+def make_run(tmp_path, every=5):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, optimizer, elastic.Run(model=model, optimizer=optimizer, every=every, directory=str(tmp_path))
+
+
+def train(run, model, optimizer, steps, dataset):
+    for _, (x, y) in run.batches(dataset, batch_size=4, steps=steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+DATA = torch.utils.data.TensorDataset(torch.randn(30, 2, generator=torch.Generator().manual_seed(1)),
+                                      torch.randn(30, 1, generator=torch.Generator().manual_seed(2)))
+
+
+def test_a_run_resumes_where_it_stopped(tmp_path):
+    model, optimizer, run = make_run(tmp_path)
+    with run:
+        train(run, model, optimizer, 12, DATA)              # 12 steps of 4 from 30 samples: epochs 0..1
+    assert (run.step, run.epoch) == (12, 1) and checkpoint.latest(str(tmp_path))[0] == 12
+    again_model, again_optimizer, again = make_run(tmp_path)
+    with again:
+        assert (again.step, again.epoch, again.offset, again.resumed_from) == (12, run.epoch, run.offset, 12)
+        assert torch.equal(again_model.weight, model.weight)
+        assert again_optimizer.state_dict()["state"][0]["momentum_buffer"].equal(
+            optimizer.state_dict()["state"][0]["momentum_buffer"])
+
+
+def test_a_failed_step_saves_the_last_completed_step(tmp_path):
+    model, optimizer, run = make_run(tmp_path, every=0)
+    with pytest.raises(RuntimeError, match="peer lost"):
+        with run:
+            for step, _ in run.batches(DATA, batch_size=4, steps=100):
+                if step == 3:
+                    raise RuntimeError("peer lost")
+    assert checkpoint.latest(str(tmp_path))[0] == 3
+
+
+def test_torchruns_sigterm_saves_at_the_step_boundary_and_leaves(tmp_path):
+    model, optimizer, run = make_run(tmp_path, every=0)
+    with pytest.raises(SystemExit) as leaving:
+        with run:
+            for step, _ in run.batches(DATA, batch_size=4, steps=100):
+                if step == 2:
+                    run._on_sigterm(signal.SIGTERM, None)     # what torchrun's SIGTERM does
+    assert leaving.value.code == 143 and checkpoint.latest(str(tmp_path))[0] == 3
+
+
+def test_rounds_reported_by_rank_0_are_logged_by_the_entrypoint(monkeypatch):
+    port = free_port()
+    config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
+                          "MASTER_PORT": str(port), "RUN_ID": "t"}, ["pytorch"], ["native"])
+    store = JobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5)
+    store.connect(deadline=0)
+    out = io.StringIO()
+    watch = JobWatch(store, config, 0, Log(out), Signals())
+    monkeypatch.setenv("DISTTRAIN_JOB_STORE", f"127.0.0.1:{port}")
+    monkeypatch.setenv("DISTTRAIN_JOB_PREFIX", "disttrain/t/")
+    assert elastic.report_round(2, 0) and elastic.report_round(1, 40)
+    assert watch.check() is None
+    assert out.getvalue().splitlines() == ["entrypoint: training: world size 2, from step 0",
+                                           "entrypoint: membership changed: world size 2 -> 1, resumed from step 40"]
+    assert elastic.report_round(3, 75)
+    late = JobWatch(store, config, 0, Log(io.StringIO()), Signals())       # a node that joins now
+    assert (late._round, late._world) == (3, 3)
+
+
+def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
+    monkeypatch.delenv("DISTTRAIN_JOB_STORE", raising=False)
+    assert elastic.report_round(2, 0) is False
