@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmarks, side by side in one run: launch overhead, rendezvous scaling, allreduce
-throughput, image size and rebuild time, training scaling.
+throughput, image size and rebuild time, training scaling, elastic resumption.
 
     python bench/run.py                 default sizes (under 10 minutes on 2 cores)
     python bench/run.py --full          + 16 nodes and 256 MB allreduces
@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import collectives, image, launch, rendezvous, report, training  # noqa: E402
+from bench import collectives, elastic, image, launch, rendezvous, report, training  # noqa: E402
 
-SECTIONS = ("launch", "rendezvous", "collectives", "image", "training")
+SECTIONS = ("launch", "rendezvous", "collectives", "image", "training", "elastic")
 
 
 def machine() -> str:
@@ -78,6 +78,9 @@ def main() -> int:
     if "training" in sections:
         step("training scaling")
         results["training"] = training.measure(20 if args.smoke else 100, repeats, (32,) if args.smoke else (32, 1024))
+    if "elastic" in sections:
+        step("elastic resumption")
+        results["elastic"] = elastic.measure(repeats)
 
     step("done")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))

@@ -64,6 +64,14 @@ class ComposeProject:
         return {row["Name"]: int(docker("inspect", "-f", "{{.State.ExitCode}}", row["ID"]).stdout.strip())
                 for row in self.containers()}
 
+    def logs_by_container(self) -> dict[str, str]:
+        """Each container's own output (stdout and stderr), by container name."""
+        found = {}
+        for row in self.containers():
+            run = docker("logs", row["ID"], check=False)
+            found[row["Name"]] = run.stdout + run.stderr
+        return found
+
     def logs(self) -> str:
         return self.compose("logs", "--no-color", "--no-log-prefix").stdout
 

@@ -18,6 +18,7 @@ from testcontainers.core.container import DockerContainer
 from tests.conftest import ROOT
 from tests.e2e.cluster import results
 from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, ensure_image
+from tests.e2e.test_elastic_host import changes, initial_loss
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -320,3 +321,59 @@ def test_swarm_stack_trains_two_nodes_over_the_overlay_network(image, swarm, cli
         assert_replicas_agree(output, 2)
     finally:
         stack.remove()
+
+
+# --------------------------------------------------------------------------- elastic (MIN_NODES:MAX_NODES)
+
+ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3,
+               TRAIN_ARGS="--steps 300 --step-delay 0.05 --checkpoint-every 1000")
+
+
+def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project):
+    job = project(**ELASTIC)
+    job.compose("up", "-d", check=True)
+    job.wait_for_log("step 40 loss", 240, service="master")
+    job.compose("kill", "worker", check=True)                    # SIGKILL: the container is gone
+    job.wait_exited(240)
+    codes, logs = job.exit_codes(), job.logs_by_container()
+    master = next(name for name in codes if "master" in name)
+    assert codes[master] == 0, (codes, logs[master][-4000:])
+    [(old, new, step)] = changes(logs[master])
+    assert (old, new) == (2, 1) and step >= 40
+    [result] = results(logs[master])
+    assert result.world == 1 and f"resumed_from={step}" in result.extra
+    assert result.after < initial_loss(logs[master])
+
+
+def test_elastic_job_grows_with_compose_scale(image, project):
+    job = project(**ELASTIC)
+    job.compose("up", "-d", check=True)
+    job.wait_for_log("step 40 loss", 240, service="master")
+    job.compose("up", "-d", "--scale", "worker=2", "--no-recreate", check=True)
+    job.wait_exited(300)
+    codes, logs = job.exit_codes(), job.logs_by_container()
+    assert list(codes.values()) == [0, 0, 0], (codes, job.logs()[-4000:])
+    master = next(name for name in codes if "master" in name)
+    [(old, new, step)] = changes(logs[master])
+    assert (old, new) == (2, 3) and step >= 40
+    found = results("\n".join(logs.values()))
+    assert sorted(r.rank for r in found) == [0, 1, 2] and len({r.digest for r in found}) == 1
+    assert all(f"resumed_from={step}" in r.extra and r.after < initial_loss(logs[master]) for r in found)
+
+
+def test_losing_the_master_container_stops_every_worker(image, project):
+    peer_timeout, grace = 6, 8                # GRACE_PERIOD: the image's default
+    job = project(**{**ELASTIC, "PEER_TIMEOUT": peer_timeout, "TRAIN_ARGS": "--steps 100000 --step-delay 0.05"})
+    job.compose("up", "-d", "--scale", "worker=2", check=True)
+    job.wait_for_log("step 40 loss", 240, service="master")
+    killed = time.monotonic()
+    job.compose("kill", "master", check=True)
+    job.wait_exited(60)
+    elapsed = time.monotonic() - killed
+    codes, logs = job.exit_codes(), job.logs_by_container()
+    workers = sorted(name for name in codes if "worker" in name)
+    assert len(workers) == 2 and all(codes[w] == 1 for w in workers), (codes, job.logs()[-3000:])
+    for w in workers:
+        lines = [line for line in logs[w].splitlines() if re.search(r"lost the master at master:\d+", line)]
+        assert len(lines) == 1, logs[w][-3000:]
+    assert elapsed < peer_timeout + grace + 5, elapsed          # + polling and `compose ps`
