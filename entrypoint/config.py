@@ -350,9 +350,11 @@ def restarts_are_torchruns(v: Values, env: dict) -> Values:
     if v["MAX_RESTARTS"] and not torchrun:
         raise _fail("MAX_RESTARTS", env["MAX_RESTARTS"], "restarts are torchrun's (FRAMEWORK=pytorch, "
                                                          "LAUNCHER=native); allowed here: 0")
-    if v["MIN_NODES"] is not None and not torchrun:
-        raise ConfigError(f"MIN_NODES/MAX_NODES: elastic training is torchrun's; needs FRAMEWORK=pytorch and "
-                          f"LAUNCHER=native, got FRAMEWORK={v['FRAMEWORK']} LAUNCHER={v['LAUNCHER']}")
+    horovod = v["FRAMEWORK"] == "pytorch" and v["LAUNCHER"] == "horovod"
+    if v["MIN_NODES"] is not None and not (torchrun or horovod):
+        raise ConfigError(f"MIN_NODES/MAX_NODES: elastic training needs FRAMEWORK=pytorch with LAUNCHER=native "
+                          f"(torchrun) or LAUNCHER=horovod (hvd.elastic), got FRAMEWORK={v['FRAMEWORK']} "
+                          f"LAUNCHER={v['LAUNCHER']}")
     return {}
 
 

@@ -1,9 +1,12 @@
-"""Horovod's own HTTP rendezvous server, on a fixed port, with the job's host plan.
+"""Horovod's own HTTP rendezvous server, on a fixed port.
 
 horovodrun starts `RendezvousServer` on a random port and reaches the workers over SSH.
 Containers have neither, so the master's entrypoint runs Horovod's server classes itself
 on HOROVOD_PORT and every node starts its workers with the HOROVOD_* environment that
-horovodrun would have given them (plan.horovod_processes).
+horovodrun would have given them (plan.horovod_processes). For elastic jobs the handler
+is Horovod's elastic one, bound to its ElasticDriver (horovod_elastic.py).
+
+Like Horovod's RendezvousServer: `start(handler)`, then `init(host assignments)`, `stop()`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,20 @@ from .plan import NodeInfo, horovod_slots
 
 
 class HorovodRendezvous:
-    def __init__(self, nodes: list[NodeInfo], port: int, host: str = "0.0.0.0"):
+    def __init__(self, port: int, host: str = "0.0.0.0"):
+        self.host, self.port = host, port
+        self.httpd = None
+        self.thread: threading.Thread | None = None
+
+    @staticmethod
+    def for_nodes(nodes: list[NodeInfo], port: int, host: str = "0.0.0.0") -> "HorovodRendezvous":
+        """A fixed-size job: Horovod's host assignment for these nodes, served now."""
+        server = HorovodRendezvous(port, host)
+        server.start()
+        server.init(horovod_slots(nodes))
+        return server
+
+    def start(self, handler=None) -> int:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
         class Server(RendezvousHTTPServer):
@@ -26,14 +42,20 @@ class HorovodRendezvous:
             request_queue_size = 1024
 
         try:
-            self.httpd = Server((host, port), RendezvousHandler, 0)
+            self.httpd = Server((self.host, self.port), handler or RendezvousHandler, 0)
         except OSError as exc:
-            raise OSError(f"cannot serve Horovod's rendezvous on port {port} (HOROVOD_PORT): {exc.strerror}") from None
-        self.httpd.init(horovod_slots(nodes))
+            raise OSError(f"cannot serve Horovod's rendezvous on port {self.port} (HOROVOD_PORT): "
+                          f"{exc.strerror}") from None
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="horovod-rendezvous", daemon=True)
         self.thread.start()
+        return self.port
+
+    def init(self, host_alloc_plan) -> None:
+        self.httpd.init(host_alloc_plan)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None

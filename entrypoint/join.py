@@ -49,7 +49,8 @@ class Job:
                               op_timeout_s=c.peer_timeout)
         self.placement: Placement | None = None
         self._watch: JobWatch | None = None
-        self._horovod = None
+        self._horovod = None                 # fixed-size Horovod: its rendezvous server
+        self.horovod_driver = None           # elastic Horovod: its ElasticDriver (horovod_elastic.py)
 
     def __enter__(self) -> "Job":
         return self
@@ -57,6 +58,8 @@ class Job:
     def __exit__(self, *exc) -> None:
         if self._horovod:
             self._horovod.stop()
+        if self.horovod_driver:
+            self.horovod_driver.driver.stop()
 
     # ----------------------------------------------------------------- joining
     def join(self) -> Placement:
@@ -118,7 +121,7 @@ class Job:
             if self.master:
                 if plan.rendezvous.horovod_server:
                     from .horovod_rendezvous import HorovodRendezvous
-                    self._horovod = HorovodRendezvous(list(nodes), c.horovod_port)
+                    self._horovod = HorovodRendezvous.for_nodes(list(nodes), c.horovod_port)
                     horovod_port = self._horovod.port
                 # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
                 # on a port of its own (MASTER_PORT is the job store's).
@@ -128,6 +131,11 @@ class Job:
                 launch = self._wait_for_launch(node_rank, deadline)
                 horovod_port = launch.get("horovod_port") or horovod_port
                 torch_port = launch.get("torch_port")
+        if plan.horovod_elastic and self.master:
+            from .horovod_elastic import HorovodElasticDriver
+            self.horovod_driver = HorovodElasticDriver(store, plan, self.log)
+            self.horovod_driver.start()
+            horovod_port = self.horovod_driver.port
         return Placement(node_rank, nodes, iface=iface, master_port=torch_port or c.master_port,
                          horovod_addr=c.master_addr, horovod_port=horovod_port)
 
@@ -215,7 +223,7 @@ class LocalJob:
         nodes = (NodeInfo(0, "127.0.0.1", plan.nproc, tuple(hardware.free_ports(plan.ports_needed, "127.0.0.1"))),)
         if plan.rendezvous and plan.rendezvous.horovod_server:
             from .horovod_rendezvous import HorovodRendezvous
-            self._horovod = HorovodRendezvous(list(nodes), 0, "127.0.0.1")
+            self._horovod = HorovodRendezvous.for_nodes(list(nodes), 0, "127.0.0.1")
         return Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
                          horovod_addr="127.0.0.1", horovod_port=self._horovod.port if self._horovod else None)
 

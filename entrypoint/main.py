@@ -80,11 +80,18 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
             placement = job.join()
         except NotJoined as exc:
             return exc.outcome
-        processes = plan_processes(plan, placement)
-        log.say(f"starting {len(processes)} process(es): {plan.launcher}")
-        watch = job.watch(serverless=not any(p.critical for p in processes))
-        outcome = Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals).run()
-        return job.finish(outcome)
+        if plan.horovod_elastic:
+            # Horovod's ElasticDriver (on the master) orders worker processes as nodes come and go.
+            from .horovod_elastic import HorovodElasticNode
+            log.say(f"running Horovod workers as the driver asks: {plan.launcher}")
+            watch = job.watch(serverless=False)
+            runner = HorovodElasticNode(job.store, plan, placement, env, log, signals, watch)
+        else:
+            processes = plan_processes(plan, placement)
+            log.say(f"starting {len(processes)} process(es): {plan.launcher}")
+            watch = job.watch(serverless=not any(p.critical for p in processes))
+            runner = Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals)
+        return job.finish(runner.run())
 
 
 def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:

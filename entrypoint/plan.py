@@ -121,6 +121,11 @@ class NodePlan:
         return self.accelerator.xla and self.nproc == 1 and self.mode in ("local", "distributed")
 
     @property
+    def horovod_elastic(self) -> bool:
+        """hvd.elastic: workers are started on demand by Horovod's ElasticDriver (horovod_elastic.py)."""
+        return self.mode == "distributed" and self.config.elastic and self.config.launcher == "horovod"
+
+    @property
     def world_size(self) -> int | None:
         if self.direct:
             return self.direct.world_size
@@ -199,6 +204,9 @@ def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) ->
     if config.launcher == "mpi":
         return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={config.hostfile}" if config.hostfile else "")
     if config.launcher == "horovod":
+        if mode == "distributed" and config.elastic:
+            return (f"Horovod elastic, no SSH: Horovod's ElasticDriver on the master, {config.min_nodes}:"
+                    f"{config.max_nodes} nodes from the job store")
         where = f"Horovod HTTP rendezvous on {config.master_addr}:{config.horovod_port}" if mode == "distributed" \
             else "Horovod HTTP rendezvous on 127.0.0.1"
         return f"Horovod gloo workers, no SSH ({where})"
@@ -252,14 +260,16 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     rendezvous = None
     ports_needed = 0
     if mode == "distributed":
+        # Fixed-size Horovod and TensorFlow jobs exchange addresses before starting; elastic
+        # Horovod starts workers as nodes come (horovod_elastic.py), with its own server.
         # TPU hosts learn every host's address: TPU_WORKER_HOSTNAMES.
-        exchange = config.launcher == "horovod" or (fw == "tensorflow" and config.launcher == "native") \
-            or accel.kind == "tpu"
+        fixed_horovod = config.launcher == "horovod" and not config.elastic
+        exchange = fixed_horovod or (fw == "tensorflow" and config.launcher == "native") or accel.kind == "tpu"
         rendezvous = Rendezvous(
             endpoint=f"{config.master_addr}:{config.master_port}",
             serve_store=config.role == "master",
             exchange=exchange,
-            horovod_server=config.launcher == "horovod" and config.role == "master",
+            horovod_server=fixed_horovod and config.role == "master",
             timeout=config.rdzv_timeout)
     elif mode == "local" and config.launcher == "horovod":
         rendezvous = Rendezvous("127.0.0.1:0", serve_store=False, exchange=False, horovod_server=True,
@@ -267,7 +277,7 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     if fw == "tensorflow" and config.launcher == "native" and mode != "direct":
         ports_needed = nproc + ((1 + config.num_ps) if config.sync_mode == "async" and config.role == "master" else 0)
 
-    if config.elastic and config.max_restarts == 0:
+    if config.elastic and config.launcher == "native" and config.max_restarts == 0:
         warnings.append("MAX_RESTARTS=0 with MIN_NODES/MAX_NODES: the job ends at the first lost node; "
                         "set MAX_RESTARTS to the losses it should survive")
 
@@ -289,7 +299,7 @@ def _rank_env(rank: int, world: int, local_rank: int, local_world: int, node_ran
             "LOCAL_WORLD_SIZE": str(local_world), "NODE_RANK": str(node_rank)}
 
 
-def _iface_env(iface: str | None) -> dict[str, str]:
+def iface_env(iface: str | None) -> dict[str, str]:
     if not iface:
         return {}
     return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface}
@@ -297,7 +307,7 @@ def _iface_env(iface: str | None) -> dict[str, str]:
 
 def torchrun_launch(plan: NodePlan, placement: Placement) -> TorchrunLaunch:
     c = plan.config
-    env = {**plan.env, **_iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), placement.node_rank),
+    env = {**plan.env, **iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), placement.node_rank),
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX, "NODE_RANK": str(placement.node_rank)}
     common = dict(nproc_per_node=plan.nproc, run_id=c.run_id, max_restarts=c.max_restarts, env=env,
                   script=c.entrypoint, args=tuple(c.script_args))
@@ -338,7 +348,7 @@ def xla_host_processes(plan: NodePlan, placement: Placement, store_port: int) ->
     process 0, which lives on TPU worker 0: node 0, the master."""
     c, node_rank = plan.config, placement.node_rank
     master = c.master_addr if plan.mode == "distributed" else "127.0.0.1"
-    env = {**plan.env, **_iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), node_rank),
+    env = {**plan.env, **iface_env(placement.iface), **_tpu_env(plan, list(placement.nodes), node_rank),
            "NODE_RANK": str(node_rank), "MASTER_ADDR": master, "MASTER_PORT": str(store_port)}
     return [ProcessSpec(f"node {node_rank}", script_argv(c, plan.python), env)]
 
@@ -363,7 +373,7 @@ def horovod_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]
         if slot.hostname != f"node{node_rank}":
             continue
         env = {
-            **plan.env, **_iface_env(iface),
+            **plan.env, **iface_env(iface),
             **_rank_env(slot.rank, slot.size, slot.local_rank, slot.local_size, node_rank),
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": placement.horovod_addr or c.master_addr,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(placement.horovod_port or c.horovod_port),
@@ -410,7 +420,7 @@ def tensorflow_processes(plan: NodePlan, placement: Placement) -> list[ProcessSp
 
     def spec(label, task_type, index, argv, critical, rank):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
-        env = {**plan.env, **_iface_env(iface), "TF_CONFIG": tf_config,
+        env = {**plan.env, **iface_env(iface), "TF_CONFIG": tf_config,
                **_rank_env(rank, world, max(rank - first, 0), plan.nproc, node_rank)}
         return ProcessSpec(label, argv, env, critical)
 
@@ -435,7 +445,7 @@ def mpi_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     if plan.mode == "distributed" and placement.node_rank != 0:
         return []          # the master's mpirun reaches this node through the MPI launch agent
     world = plan.nproc * (c.num_nodes if plan.mode == "distributed" else 1)
-    env = {**plan.env, **_iface_env(iface), "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(master_port),
+    env = {**plan.env, **iface_env(iface), "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(master_port),
            "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi", "ENTRYPOINT": c.entrypoint}
     argv = ["mpirun", "--np", str(world), "--bind-to", "none", "--map-by", "slot", "--tag-output"]
     if c.hostfile:
@@ -467,6 +477,8 @@ def plan_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     if c.launcher == "mpi":
         return mpi_processes(plan, placement)
     if c.launcher == "horovod":
+        if plan.horovod_elastic:
+            return []                  # Horovod's ElasticDriver orders them (horovod_elastic.py)
         specs = horovod_processes(plan, placement)
     elif fw == "pytorch":
         specs = torchrun_processes(plan, placement)
@@ -480,7 +492,7 @@ def command_env(plan: NodePlan) -> dict[str, str]:
     """The environment for a command given after the image (`docker run IMAGE bash`): what
     every training process of this node shares, and NET_IFNAME's interface variables."""
     iface = plan.config.net_ifname
-    return {**plan.env, **_iface_env(iface), **({"HOROVOD_GLOO_IFACE": iface} if iface else {})}
+    return {**plan.env, **iface_env(iface), **({"HOROVOD_GLOO_IFACE": iface} if iface else {})}
 
 
 # --------------------------------------------------------------------------- explaining

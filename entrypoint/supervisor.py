@@ -52,21 +52,29 @@ def _die_with_parent() -> None:
         pass
 
 
-class Supervisor:
-    def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
-                 log: Log, watch: Watch | None = None, signals: Signals | None = None):
-        self.processes = list(processes)
-        self.base_env = base_env
-        self.grace = grace_period
-        self.log = log
-        self.watch = watch
-        self.signals = signals or Signals()
+class Children:
+    """A node's processes: each started in its own process group with the node token, its
+    output pumped to the log, and stopped together (SIGTERM, grace, SIGKILL, token sweep)."""
+
+    def __init__(self, base_env: dict[str, str], grace_period: float, log: Log):
+        self.base_env, self.grace, self.log = base_env, grace_period, log
         self.token = new_token()
-        self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
+        self.running: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self._pumps: list[threading.Thread] = []
         self._sentinel: Sentinel | None = None
 
-    # ----------------------------------------------------------------- output
+    def start(self, spec: ProcessSpec, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        if self._sentinel is None:
+            self._sentinel = Sentinel(self.token)
+        env = {**self.base_env, **spec.env, **(extra_env or {}), TOKEN_VAR: self.token}
+        proc = subprocess.Popen(list(spec.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        self.running.append((spec, proc))
+        pump = threading.Thread(target=self._pump, args=(spec, proc.stdout), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+        return proc
+
     def _pump(self, spec: ProcessSpec, stream) -> None:
         prefix = f"[{spec.label}] " if spec.label else ""
         for raw in iter(stream.readline, b""):
@@ -74,35 +82,25 @@ class Supervisor:
             self.log.line(line if line.startswith("[rank") else prefix + line)
         stream.close()
 
-    # ----------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        self._sentinel = Sentinel(self.token)
-        for spec in self.processes:
-            env = {**self.base_env, **spec.env, TOKEN_VAR: self.token}
-            proc = subprocess.Popen(list(spec.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-            self.children.append((spec, proc))
-            pump = threading.Thread(target=self._pump, args=(spec, proc.stdout), daemon=True)
-            pump.start()
-            self._pumps.append(pump)
-
-    def stop_all(self, sig: int = signal.SIGTERM) -> None:
-        """Signal every running group, wait up to the grace period, then SIGKILL; then
-        whatever else carries this node's token."""
-        running = [(s, p) for s, p in self.children if p.poll() is None]
+    def stop(self, procs: list[tuple[ProcessSpec, subprocess.Popen]], sig: int = signal.SIGTERM) -> None:
+        """Signal these processes' groups, wait up to the grace period, then SIGKILL."""
+        running = [(s, p) for s, p in procs if p.poll() is None]
         for _, proc in running:
-            self._signal_group(proc, sig)
+            _signal_group(proc, sig)
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
             time.sleep(0.05)
         for spec, proc in running:
             if proc.poll() is None:
                 self.log.say(f"{spec.label or 'process'} did not stop within GRACE_PERIOD={self.grace:g}s: SIGKILL")
-                self._signal_group(proc, signal.SIGKILL)
+                _signal_group(proc, signal.SIGKILL)
             proc.wait()
-        for _, proc in self.children:
-            self._signal_group(proc, signal.SIGKILL)
+        for _, proc in procs:
+            _signal_group(proc, signal.SIGKILL)
+
+    def stop_all(self, sig: int = signal.SIGTERM) -> None:
+        """Every process, then whatever else carries this node's token; the sentinel ends."""
+        self.stop(self.running, sig)
         sweep(self.token)
         for pump in self._pumps:
             pump.join(timeout=2)
@@ -110,12 +108,29 @@ class Supervisor:
             self._sentinel.close()
             self._sentinel = None
 
-    @staticmethod
-    def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
+                 log: Log, watch: Watch | None = None, signals: Signals | None = None):
+        self.processes = list(processes)
+        self.log = log
+        self.watch = watch
+        self.signals = signals or Signals()
+        self.children = Children(base_env, grace_period, log)
+
+    def start(self) -> None:
+        for spec in self.processes:
+            self.children.start(spec)
+
+    def stop_all(self, sig: int = signal.SIGTERM) -> None:
+        self.children.stop_all(sig)
 
     def run(self) -> Outcome:
         """Start the processes and supervise them; returns the node's outcome."""
@@ -125,12 +140,13 @@ class Supervisor:
         return outcome
 
     def _supervise(self) -> Outcome:
-        critical = [(s, p) for s, p in self.children if s.critical]
+        children = self.children.running
+        critical = [(s, p) for s, p in children if s.critical]
         last_watch = 0.0
         while True:
             if self.signals.received is not None:
                 signum = self.signals.received
-                self.log.say(f"{signal.Signals(signum).name} received: stopping {len(self.children)} process(es)")
+                self.log.say(f"{signal.Signals(signum).name} received: stopping {len(children)} process(es)")
                 # Tell the other nodes first: their processes are about to lose this
                 # node's, and should read that as "stopped", not as a failure.
                 return self.watch.stopping(signum) if self.watch else Outcome.stopped(signum)
@@ -142,7 +158,7 @@ class Supervisor:
                     return outcome
             if critical and all(p.poll() == 0 for _, p in critical):
                 return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
-            if not critical and not self.watch and all(p.poll() is not None for _, p in self.children):
+            if not critical and not self.watch and all(p.poll() is not None for _, p in children):
                 return Outcome.succeeded()
             now = time.monotonic()
             if self.watch and now - last_watch >= WATCH_INTERVAL:

@@ -34,13 +34,31 @@ def stop_outcome(config: Config, signum: int) -> Outcome:
     return Outcome.stopped(signum)
 
 
+class Heartbeats:
+    """Whose heartbeat counter has stopped moving, as seen from here."""
+
+    def __init__(self, store: JobStore, timeout_s: float):
+        self.store, self.timeout_s = store, timeout_s
+        self._seen: dict[int, tuple[int, float]] = {}      # node -> (last heartbeat, when it changed)
+
+    def silent(self, node: int) -> bool:
+        """True once `node`'s heartbeat counter has not moved for timeout_s seconds."""
+        now = time.monotonic()
+        beats = self.store.heartbeat(node)
+        last, since = self._seen.get(node, (-1, now))
+        if beats != last:
+            self._seen[node] = (beats, now)
+            return False
+        return now - since > self.timeout_s
+
+
 class JobWatch:
     def __init__(self, store: JobStore, config: Config, node_rank: int, log: Log, signals: Signals,
                  serverless: bool = False):
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
         self.master = node_rank == 0
         self.serverless = serverless
-        self._seen: dict[int, tuple[int, float]] = {}      # node -> (last heartbeat, when it changed)
+        self._heartbeats = Heartbeats(store, config.peer_timeout)
         self._gone: set[int] = set()                        # elastic: nodes that left
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
@@ -124,14 +142,7 @@ class JobWatch:
         return [k for k in range(1, top + 1) if self.store.claimed(k)]
 
     def _silent(self, node: int) -> bool:
-        """True once `node`'s heartbeat counter has not moved for PEER_TIMEOUT seconds."""
-        now = time.monotonic()
-        beats = self.store.heartbeat(node)
-        last, since = self._seen.get(node, (-1, now))
-        if beats != last:
-            self._seen[node] = (beats, now)
-            return False
-        return now - since > self.config.peer_timeout
+        return self._heartbeats.silent(node)
 
     # ----------------------------------------------------------------- training rounds
     def _skip_past_rounds(self) -> None:

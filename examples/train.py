@@ -1,7 +1,8 @@
 """The bundled example, as /app/code/train.py: picks the example that fits the launch.
 
     FRAMEWORK=pytorch  LAUNCHER=native   -> pytorch_ddp.py (local SGD if SYNC_MODE=async)
-    FRAMEWORK=pytorch  MIN_NODES set     -> pytorch_elastic.py (elastic: MIN_NODES:MAX_NODES)
+    FRAMEWORK=pytorch  MIN_NODES set     -> pytorch_elastic.py (elastic: MIN_NODES:MAX_NODES), or
+                       with LAUNCHER=horovod pytorch_horovod_elastic.py (hvd.elastic)
     FRAMEWORK=pytorch  PARALLEL_MODE=model_parallel|hybrid -> pytorch_hybrid.py
     FRAMEWORK=pytorch  LAUNCHER=horovod  -> pytorch_horovod.py
     FRAMEWORK=pytorch  PJRT_DEVICE set (PyTorch/XLA: TPU, or XLA's CPU client) -> pytorch_xla.py
@@ -23,7 +24,7 @@ if framework == "pytorch":
     if os.environ.get("PJRT_DEVICE"):
         name = "pytorch_xla.py"
     elif os.environ.get("MIN_NODES"):
-        name = "pytorch_elastic.py"
+        name = "pytorch_horovod_elastic.py" if launcher == "horovod" else "pytorch_elastic.py"
     elif parallel != "data_parallel":
         name = "pytorch_hybrid.py"
     else:

@@ -2,6 +2,7 @@
 
 import io
 import signal
+import time
 
 import pytest
 import torch
@@ -116,3 +117,28 @@ def test_rounds_reported_by_rank_0_are_logged_by_the_entrypoint(monkeypatch):
 def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
     monkeypatch.delenv("DISTTRAIN_JOB_STORE", raising=False)
     assert elastic.report_round(2, 0) is False
+
+
+def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
+    from entrypoint.horovod_elastic import StoreDiscovery
+    from entrypoint.outcome import Outcome
+    from entrypoint.plan import NodeInfo
+
+    port = free_port()
+    config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
+                          "MASTER_PORT": str(port), "LAUNCHER": "horovod", "PEER_TIMEOUT": "2"},
+                         ["pytorch"], ["native", "horovod"])
+    store = JobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
+    store.connect(deadline=0)
+    for rank, nproc in ((0, 2), (1, 1), (2, 4)):
+        assert store.claim(rank)
+        store.publish(NodeInfo(rank, f"10.0.0.{rank}", nproc))
+    discovery = StoreDiscovery(store, config)
+    assert discovery.find_available_hosts_and_slots() == {"node0": 2, "node1": 1, "node2": 4}
+    store.set_exit(2, Outcome.succeeded())                       # finished: no more slots there
+    assert discovery.find_available_hosts_and_slots() == {"node0": 2, "node1": 1}
+    for _ in range(6):                                            # node 1 stops heartbeating
+        store.beat(0)
+        discovery.find_available_hosts_and_slots()
+        time.sleep(0.5)
+    assert discovery.find_available_hosts_and_slots() == {"node0": 2}

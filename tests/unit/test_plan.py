@@ -71,6 +71,13 @@ def test_elastic_torchrun():
     assert any("MAX_RESTARTS=0" in w and "first lost node" in w for w in tuned.warnings)
 
 
+def test_elastic_horovod_starts_workers_on_demand_with_the_drivers_own_server():
+    p = plan(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=3, ROLE="master", MASTER_ADDR="m")
+    assert p.horovod_elastic and not p.rendezvous.exchange and not p.rendezvous.horovod_server
+    assert plan_processes(p, at(0, nodes(1))) == []            # Horovod's ElasticDriver orders them
+    assert "ElasticDriver" in p.launcher and p.warnings == ()
+
+
 def test_fixed_size_torchrun_keeps_torchs_store_sharing():
     p = plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan_processes(p, at(0, nodes(1, 1)))[0].env

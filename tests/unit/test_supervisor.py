@@ -52,7 +52,7 @@ def test_first_failure_stops_the_others_and_sets_the_exit_code():
                                       spec("rank 1", "import sys, time; time.sleep(0.5); sys.exit(7)")])
     assert (outcome.state, outcome.code) == (NodeState.FAILED, 7) and elapsed < 10
     assert "rank 1 exited with 7" in out
-    assert all(p.poll() is not None for _, p in sup.children)
+    assert all(p.poll() is not None for _, p in sup.children.running)
 
 
 def test_child_ignoring_sigterm_is_killed_after_the_grace_period():

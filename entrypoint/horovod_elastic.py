@@ -1,0 +1,211 @@
+"""Elastic Horovod (hvd.elastic) without SSH or horovodrun: Horovod's own ElasticDriver, fed by the job store.
+
+`horovodrun --host-discovery-script` runs horovod.runner.elastic.driver.ElasticDriver on
+the launching machine: it asks a HostDiscovery for the hosts, serves the elastic
+rendezvous, tells the workers (through their notification service) when hosts come or
+go, and starts a worker process for each new slot with its `create_worker_fn`, over SSH.
+Here the master's entrypoint runs the same driver with two pieces of its own, in the two
+places horovod.ray.elastic also plugs in (RayHostDiscovery, its worker function):
+
+* StoreDiscovery: the hosts are the job's live nodes in the job store (`node<k>` with its
+  process count); a node that stops heartbeating for PEER_TIMEOUT is gone;
+* HorovodElasticDriver.start_worker (the create_worker_fn): instead of SSH, an order in
+  the job store for the node, whose entrypoint (HorovodElasticNode, on every node, the
+  master too) starts the process and reports its exit code.
+
+Keys (job store, under the job's prefix):
+    hvd/<host>/orders            counter of the orders for a host
+    hvd/<host>/order/<i>         {"env": {...}}: one worker process to start
+    hvd/<host>/order/<i>/exit    its exit code
+    hvd/<host>/order/<i>/stop    the driver wants it stopped (the host left the job)
+    hvd/result                   the driver's end (Outcome JSON): every node then finishes
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+from horovod.runner.elastic.discovery import HostDiscovery
+
+from .config import Config
+from .horovod_rendezvous import HorovodRendezvous
+from .jobstore import JobStore, StoreGone
+from .log import Log
+from .outcome import Outcome
+from .plan import NodePlan, Placement, ProcessSpec, iface_env, script_argv
+from .signals import Signals
+from .supervisor import POLL_INTERVAL, WATCH_INTERVAL, Children
+from .watch import Heartbeats, JobWatch
+
+
+def host_name(node_rank: int) -> str:
+    return f"node{node_rank}"
+
+
+def node_rank_of(host: str) -> int:
+    return int(host[len("node"):])
+
+
+def _order_key(host: str, i: int) -> str:
+    return f"hvd/{host}/order/{i}"
+
+
+class StoreDiscovery(HostDiscovery):
+    """Horovod's HostDiscovery over the job store: every node that has joined, published
+    its process count, not finished, and still heartbeats."""
+
+    def __init__(self, store: JobStore, config: Config):
+        super().__init__()
+        self.store, self.config = store, config
+        self.heartbeats = Heartbeats(store, config.peer_timeout)
+
+    def alive(self, rank: int) -> bool:
+        return self.store.exit(rank) is None and not self.heartbeats.silent(rank)
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        found = {}
+        for k in range(self.store.highest_rank(self.config.most_nodes) + 1):
+            info = self.store.node_info(k) if self.store.claimed(k) else None
+            if info is not None and self.alive(k):
+                found[host_name(k)] = info.nproc
+        return found
+
+
+class HorovodElasticDriver:
+    """On the master: Horovod's ElasticDriver, its elastic rendezvous server on
+    HOROVOD_PORT, and the job's result in the job store when it ends."""
+
+    def __init__(self, store: JobStore, plan: NodePlan, log: Log):
+        from horovod.runner.elastic.driver import ElasticDriver
+        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+
+        c = plan.config
+        self.store, self.config, self.log = store, c, log
+        self.min_np, self.max_np = c.min_nodes * plan.nproc, c.max_nodes * plan.nproc
+        self.discovery = StoreDiscovery(store, c)
+        self.server = HorovodRendezvous(c.horovod_port)
+        self.driver = ElasticDriver(self.server, self.discovery, self.min_np, self.max_np, timeout=c.rdzv_timeout)
+        self.port = self.server.start(create_rendezvous_handler(self.driver))
+        self.thread = threading.Thread(target=self._run, name="horovod-elastic-driver", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            hosts = self.driver.wait_for_available_slots(self.min_np)
+            time.sleep(self.config.elastic_last_call)         # more nodes may be on their way
+            hosts = self.driver.wait_for_available_slots(self.min_np) or hosts
+            self.driver.start(min(self.max_np, hosts.count_available_slots()), self.start_worker)
+            outcome = self._outcome(self.driver.get_results())
+        except Exception as exc:       # the driver's own errors (timeouts, no hosts left) end the job
+            outcome = Outcome.failed(f"Horovod's elastic driver: {exc}")
+        finally:
+            self.driver.stop()
+        try:
+            self.store.set("hvd/result", outcome.to_json())
+        except StoreGone:
+            pass
+
+    @staticmethod
+    def _outcome(results) -> Outcome:
+        if results.error_message:
+            return Outcome.failed(f"Horovod's elastic driver: {results.error_message}")
+        failed = sorted((timestamp, name, code) for name, (code, timestamp) in results.worker_results.items()
+                        if code != 0)
+        if failed:
+            _, name, code = failed[0]
+            return Outcome.failed(f"Horovod worker {name} exited with {code}", code)
+        return Outcome.succeeded()
+
+    def start_worker(self, slot_info, events) -> tuple[int, float]:
+        """Horovod's create_worker_fn: one worker process on slot_info's host; returns its
+        exit code and when it ended, as the SSH-based one does."""
+        from horovod.runner.gloo_run import create_slot_env_vars
+
+        host, c = slot_info.hostname, self.config
+        env = {**create_slot_env_vars(slot_info),
+               "HOROVOD_GLOO_RENDEZVOUS_ADDR": c.master_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
+               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1",
+               "RANK": str(slot_info.rank), "WORLD_SIZE": str(slot_info.size),
+               "LOCAL_RANK": str(slot_info.local_rank), "LOCAL_WORLD_SIZE": str(slot_info.local_size)}
+        node, stop_sent = node_rank_of(host), False
+        try:
+            key = _order_key(host, self.store.add(f"hvd/{host}/orders", 1))
+            self.store.set(key, json.dumps({"env": env}))
+            while True:
+                if self.store.has(f"{key}/exit"):
+                    return int(self.store.get(f"{key}/exit")), time.time()
+                if not stop_sent and any(event.is_set() for event in events):
+                    self.store.set(f"{key}/stop", "1")
+                    stop_sent = True
+                if not self.discovery.alive(node):
+                    return 1, time.time()             # the node is gone, and its process with it
+                time.sleep(POLL_INTERVAL)
+        except StoreGone:
+            return 1, time.time()
+
+
+class HorovodElasticNode:
+    """On every node: starts the Horovod workers the driver orders for this node, reports
+    their exits, and ends with the driver's result (or when the job says so)."""
+
+    def __init__(self, store: JobStore, plan: NodePlan, placement: Placement, base_env: dict[str, str], log: Log,
+                 signals: Signals, watch: JobWatch):
+        self.store, self.plan, self.log, self.signals, self.watch = store, plan, log, signals, watch
+        self.host = host_name(placement.node_rank)
+        self.iface = placement.iface
+        self.children = Children(base_env, plan.config.grace_period, log)
+        self.orders: dict[int, tuple[ProcessSpec, object]] = {}
+        self.reported: set[int] = set()
+
+    def run(self) -> Outcome:
+        outcome = self._run()
+        self.children.stop_all()
+        return outcome
+
+    def _run(self) -> Outcome:
+        last_watch = 0.0
+        while True:
+            if self.signals.received is not None:
+                name = signal.Signals(self.signals.received).name
+                self.log.say(f"{name} received: stopping {len(self.children.running)} process(es)")
+                return self.watch.stopping(self.signals.received)
+            try:
+                self._take_orders()
+                self._report_exits()
+                if self.store.has("hvd/result"):
+                    return Outcome.from_json(self.store.get("hvd/result"))
+            except StoreGone as exc:
+                return self.watch.check() or Outcome.lost(f"lost the job store: {exc}")
+            now = time.monotonic()
+            if now - last_watch >= WATCH_INTERVAL:
+                last_watch = now
+                verdict = self.watch.check()
+                if verdict is not None:
+                    self.log.say(f"stopping: {verdict.reason}")
+                    return verdict
+            time.sleep(POLL_INTERVAL)
+
+    def _take_orders(self) -> None:
+        count = self.store.add(f"hvd/{self.host}/orders", 0)
+        for i in range(len(self.orders) + 1, count + 1):
+            order = json.loads(self.store.get(_order_key(self.host, i)))
+            env = {**self.plan.env, **iface_env(self.iface), **order["env"],
+                   "HOROVOD_GLOO_IFACE": self.iface or "lo", "NODE_RANK": str(node_rank_of(self.host))}
+            spec = ProcessSpec(f"rank {env['HOROVOD_RANK']}", script_argv(self.plan.config, self.plan.python), env)
+            self.orders[i] = (spec, self.children.start(spec))
+
+    def _report_exits(self) -> None:
+        for i, (spec, proc) in self.orders.items():
+            if i in self.reported:
+                continue
+            code = proc.poll()
+            if code is not None:
+                self.store.set(f"{_order_key(self.host, i)}/exit", str(code))
+                self.reported.add(i)
+            elif self.store.has(f"{_order_key(self.host, i)}/stop"):
+                self.children.stop([(spec, proc)])
