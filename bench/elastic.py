@@ -1,7 +1,8 @@
 """6. Elastic PyTorch: how long training stops when the membership changes.
 
 An elastic job (MIN_NODES=1, MAX_NODES=3) of 2 entrypoint nodes on loopback trains
-examples/pytorch_elastic.py. Mid-training either
+examples/pytorch_elastic.py under torchrun, or examples/pytorch_horovod_elastic.py under
+Horovod's elastic driver. Mid-training either
 * a worker node is lost (every process of it SIGKILLed, as `docker kill` does): measured
   from the kill to the end of the first training step at world size 1, or
 * a third node joins: measured from the start of its entrypoint to the end of the first
@@ -68,18 +69,22 @@ def _wait(node: _Node, pattern: str, timeout: float) -> re.Match | None:
     return None
 
 
-def _job(folder: Path, port: int, k: int) -> dict[str, str]:
+LAUNCHERS = {"torchrun": dict(LAUNCHER="native", MAX_RESTARTS=5), "Horovod elastic": dict(LAUNCHER="horovod")}
+
+
+def _job(folder: Path, port: int, k: int, launcher: str) -> dict[str, str]:
     return base_env(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=port, NODE_ADDR=f"127.0.0.{k + 1}", NPROC_PER_NODE=1, MIN_NODES=1, MAX_NODES=3,
-                    MAX_RESTARTS=5, RDZV_TIMEOUT=120, OMP_NUM_THREADS=1, ENTRYPOINT=str(ROOT / "examples/train.py"),
-                    CHECKPOINT_DIR=str(folder / "checkpoints"), DATA_DIR=str(folder / "data"))
+                    MASTER_PORT=port, HOROVOD_PORT=port + 1, NODE_ADDR=f"127.0.0.{k + 1}", NPROC_PER_NODE=1,
+                    MIN_NODES=1, MAX_NODES=3, RDZV_TIMEOUT=120, OMP_NUM_THREADS=1,
+                    ENTRYPOINT=str(ROOT / "examples/train.py"), CHECKPOINT_DIR=str(folder / "checkpoints"),
+                    DATA_DIR=str(folder / "data"), **LAUNCHERS[launcher])
 
 
-def once(change: str, timeout: float = 240) -> float | None:
+def once(launcher: str, change: str, timeout: float = 240) -> float | None:
     """Seconds from the change to the end of the first step at the new world size."""
     folder = Path(tempfile.mkdtemp(prefix="disttrain-bench-elastic-"))
     port = free_port()
-    nodes = [_Node(_job(folder, port, k), folder / f"node{k}.log") for k in range(2)]
+    nodes = [_Node(_job(folder, port, k, launcher), folder / f"node{k}.log") for k in range(2)]
     try:
         if not _wait(nodes[0], r"step 40 loss", timeout):
             return None
@@ -88,7 +93,7 @@ def once(change: str, timeout: float = 240) -> float | None:
             nodes[1].kill()
         else:
             changed_at, world = time.time(), 3
-            nodes.append(_Node(_job(folder, port, 2), folder / "node2.log"))
+            nodes.append(_Node(_job(folder, port, 2, launcher), folder / "node2.log"))
         found = _wait(nodes[0], FIRST_STEP_RE.format(world=world), timeout)
         return float(found.group(2)) - changed_at if found else None
     finally:
@@ -99,12 +104,15 @@ def once(change: str, timeout: float = 240) -> float | None:
 
 def measure(repeats: int) -> list[dict]:
     rows = []
-    for change, text, sizes in (("lost", "a worker node is lost (SIGKILL)", "2 → 1"),
-                                ("joined", "a node joins", "2 → 3")):
-        samples = [once(change) for _ in range(repeats)]
-        ok = [s for s in samples if s is not None]
-        rows.append({"change": text, "world": sizes, "seconds": median(ok), "min": min(ok, default=None),
-                     "max": max(ok, default=None), "runs": len(ok), "failures": len(samples) - len(ok),
-                     "settings": {**{v.name: v.default for v in VARIABLES if v.name.startswith("ELASTIC_")},
-                                  "cpus": os.cpu_count()}})
+    for launcher in LAUNCHERS:
+        for change, text, sizes in (("lost", "a worker node is lost (SIGKILL)", "2 → 1"),
+                                    ("joined", "a node joins", "2 → 3")):
+            samples = [once(launcher, change) for _ in range(repeats)]
+            ok = [s for s in samples if s is not None]
+            rows.append({"launcher": launcher, "change": text, "world": sizes, "seconds": median(ok),
+                         "min": min(ok, default=None), "max": max(ok, default=None), "runs": len(ok),
+                         "failures": len(samples) - len(ok),
+                         "settings": {**{v.name: v.default for v in VARIABLES
+                                         if v.name.startswith("ELASTIC_") or v.name == "PEER_TIMEOUT"},
+                                      "cpus": os.cpu_count()}})
     return rows

@@ -43,9 +43,9 @@ SECTIONS = [
      ["hidden width", "processes", "samples/s", "speed-up"],
      lambda r: [r["hidden"], r["processes"], _fmt(r["samples_per_s"], ".0f"), f"{_fmt(r.get('speedup'))}×"]),
     ("elastic", "Elastic PyTorch: membership change → end of the first training step at the new world size",
-     ["change", "world size", "seconds", "min–max", "runs (failed)"],
-     lambda r: [r["change"], r["world"], _fmt(r["seconds"], ".1f"), f"{_fmt(r['min'], '.1f')}–{_fmt(r['max'], '.1f')}",
-                f"{r['runs']} ({r['failures']})"]),
+     ["launcher", "change", "world size", "seconds", "min–max", "runs (failed)"],
+     lambda r: [r["launcher"], r["change"], r["world"], _fmt(r["seconds"], ".1f"),
+                f"{_fmt(r['min'], '.1f')}–{_fmt(r['max'], '.1f')}", f"{r['runs']} ({r['failures']})"]),
 ]
 
 

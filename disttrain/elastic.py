@@ -177,8 +177,7 @@ class Run:
         if not self._first_step_done:
             self._first_step_done = True
             if self.rank == 0:
-                print(f"ELASTIC first step at world size {self.world_size} (resumed from step {self.resumed_from}) "
-                      f"t={time.time():.3f}", flush=True)
+                first_step_done(self.world_size, self.resumed_from)
         if self._stop_signal is not None:
             # torchrun stops the workers to re-form the group (or the node is stopping).
             self.save(reason="membership change")
@@ -191,6 +190,12 @@ class Run:
         """Global rank 0 tells the job store about this round; the entrypoints log it."""
         if self.rank == 0:
             report_round(self.world_size, self.step)
+
+
+def first_step_done(world: int, resumed_from: int) -> None:
+    """One line when a round's first step is done (bench/elastic.py measures with it)."""
+    print(f"ELASTIC first step at world size {world} (resumed from step {resumed_from}) t={time.time():.3f}",
+          flush=True)
 
 
 def under_torchrun() -> bool:

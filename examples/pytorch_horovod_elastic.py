@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import synthetic
 from disttrain import torch as dt
-from disttrain.elastic import report_round
+from disttrain.elastic import first_step_done, report_round
 
 args = synthetic.arguments()
 COMMIT_EVERY = 10                      # steps between commits: what a lost node costs at most
@@ -36,6 +36,7 @@ def train(state):
         report_round(hvd.size(), state.step)
         print(f"ROUND rank=0 world={hvd.size()} from_step={state.step} loss={full_loss():.6f}", flush=True)
     synthetic.started(hvd.rank(), state.step)
+    resumed_from = state.step
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=state.sampler)
     while state.step < args.steps:
         for batch, (bx, by) in enumerate(loader):
@@ -46,6 +47,8 @@ def train(state):
             optimizer.step()
             state.step += 1
             state.sampler.record_batch(batch, args.batch_size)
+            if hvd.rank() == 0 and state.step == resumed_from + 1:
+                first_step_done(hvd.size(), resumed_from)
             if hvd.rank() == 0 and state.step % 20 == 0:
                 print(f"step {state.step} loss {loss.item():.4f} world {hvd.size()}", flush=True)
             if state.step % COMMIT_EVERY == 0:
