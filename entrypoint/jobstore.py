@@ -14,6 +14,8 @@ torchrun. Under the prefix `disttrain/<RUN_ID>/`:
                      and the port of torch.distributed's env:// store for Horovod's workers)
     job/done         the master saw every node finish; workers may leave
     job/abort        the Outcome that ends the job on every node (ABORTED, with its cause)
+    lost             counter: nodes the master found silent in an elastic job
+    lost/<n>         {"node": k, "since": T}: node k, silent since wall-clock time T
     rounds           counter: training rounds reported by the processes (elastic)
     round/<n>        {"world": W, "step": S}: round n's world size and the step it resumed
                      from, written by global rank 0 through disttrain.elastic
@@ -210,6 +212,18 @@ class JobStore:
 
     def done(self) -> bool:
         return self.has("job/done")
+
+    # ----------------------------------------------------------------- lost nodes (elastic)
+    def report_lost(self, node: int, since: float) -> None:
+        n = self.add("lost", 1)
+        self.set(f"lost/{n}", json.dumps({"node": node, "since": since}))
+
+    def losses(self) -> int:
+        return self.add("lost", 0)
+
+    def loss(self, n: int) -> dict | None:
+        name = f"lost/{n}"
+        return json.loads(self.get(name)) if self.has(name) else None
 
     # ----------------------------------------------------------------- training rounds (elastic)
     def rounds(self) -> int:

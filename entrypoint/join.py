@@ -193,11 +193,12 @@ class Job:
         return self.store.launch()
 
     # ----------------------------------------------------------------- running and finishing
-    def watch(self, serverless: bool) -> JobWatch:
+    def watch(self, serverless: bool, token: str | None = None) -> JobWatch:
         """What the supervisor watches while this node's processes run. `serverless`: the
-        node has no process of its own to wait for (TF servers, MPI hosts)."""
+        node has no process of its own to wait for (TF servers, MPI hosts); `token`: the
+        node token of its processes, for elastic torchrun (watch.py)."""
         self._watch = JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
-                               serverless=serverless)
+                               serverless=serverless, token=token)
         return self._watch
 
     def finish(self, outcome: Outcome) -> Outcome:
@@ -227,7 +228,7 @@ class LocalJob:
         return Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
                          horovod_addr="127.0.0.1", horovod_port=self._horovod.port if self._horovod else None)
 
-    def watch(self, serverless: bool) -> None:
+    def watch(self, serverless: bool, token: str | None = None) -> None:
         return None
 
     def finish(self, outcome: Outcome) -> Outcome:

@@ -27,6 +27,7 @@ from .join import Job, LocalJob, NotJoined
 from .log import Log
 from .outcome import Outcome
 from .plan import NodePlan, assumed_placement, command_env, explain, plan_node, plan_processes
+from .reaper import new_token
 from .signals import Signals
 from .supervisor import Supervisor
 
@@ -89,8 +90,10 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
         else:
             processes = plan_processes(plan, placement)
             log.say(f"starting {len(processes)} process(es): {plan.launcher}")
-            watch = job.watch(serverless=not any(p.critical for p in processes))
-            runner = Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals)
+            token = new_token()
+            watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
+            runner = Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals,
+                                token=token)
         return job.finish(runner.run())
 
 

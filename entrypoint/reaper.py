@@ -41,6 +41,39 @@ def carriers(token: str) -> list:
     return found
 
 
+def stale(token: str, before: float) -> list:
+    """The processes carrying the token that started before wall-clock time `before`,
+    except this process's own children (the launchers the supervisor started)."""
+    import psutil
+
+    own = {child.pid for child in psutil.Process().children()}
+    found = []
+    for proc in carriers(token):
+        try:
+            if proc.pid not in own and proc.create_time() < before:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def end(procs: list, grace: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace` seconds."""
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
 def sweep(token: str, sig: int = signal.SIGKILL) -> int:
     """Signal every process that carries the token; returns how many there were."""
     found = carriers(token)

@@ -56,9 +56,9 @@ class Children:
     """A node's processes: each started in its own process group with the node token, its
     output pumped to the log, and stopped together (SIGTERM, grace, SIGKILL, token sweep)."""
 
-    def __init__(self, base_env: dict[str, str], grace_period: float, log: Log):
+    def __init__(self, base_env: dict[str, str], grace_period: float, log: Log, token: str | None = None):
         self.base_env, self.grace, self.log = base_env, grace_period, log
-        self.token = new_token()
+        self.token = token or new_token()
         self.running: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self._pumps: list[threading.Thread] = []
         self._sentinel: Sentinel | None = None
@@ -118,12 +118,12 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 class Supervisor:
     def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
-                 log: Log, watch: Watch | None = None, signals: Signals | None = None):
+                 log: Log, watch: Watch | None = None, signals: Signals | None = None, token: str | None = None):
         self.processes = list(processes)
         self.log = log
         self.watch = watch
         self.signals = signals or Signals()
-        self.children = Children(base_env, grace_period, log)
+        self.children = Children(base_env, grace_period, log, token)
 
     def start(self) -> None:
         for spec in self.processes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from . import reaper
 from .config import Config
 from .jobstore import JobStore, StoreGone
 from .log import Log
@@ -39,23 +40,31 @@ class Heartbeats:
 
     def __init__(self, store: JobStore, timeout_s: float):
         self.store, self.timeout_s = store, timeout_s
-        self._seen: dict[int, tuple[int, float]] = {}      # node -> (last heartbeat, when it changed)
+        self._seen: dict[int, tuple[int, float, float]] = {}    # node -> (last heartbeat, when it changed,
+                                                                 #          the same on the wall clock)
 
     def silent(self, node: int) -> bool:
         """True once `node`'s heartbeat counter has not moved for timeout_s seconds."""
         now = time.monotonic()
         beats = self.store.heartbeat(node)
-        last, since = self._seen.get(node, (-1, now))
+        last, since, _ = self._seen.get(node, (-1, now, 0.0))
         if beats != last:
-            self._seen[node] = (beats, now)
+            self._seen[node] = (beats, now, time.time())
             return False
         return now - since > self.timeout_s
+
+    def last_moved(self, node: int) -> float:
+        """Wall-clock time at which `node`'s heartbeat was last seen moving."""
+        return self._seen.get(node, (0, 0.0, time.time()))[2]
 
 
 class JobWatch:
     def __init__(self, store: JobStore, config: Config, node_rank: int, log: Log, signals: Signals,
-                 serverless: bool = False):
+                 serverless: bool = False, token: str | None = None):
+        """token: the node token of this node's processes (reaper.py); given for elastic
+        torchrun nodes, whose training processes are restarted when a node is lost silently."""
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
+        self.token = token
         self.master = node_rank == 0
         self.serverless = serverless
         self._heartbeats = Heartbeats(store, config.peer_timeout)
@@ -63,6 +72,7 @@ class JobWatch:
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
         self._round, self._world = 0, None
+        self._losses = 0
         if config.elastic:
             self._skip_past_rounds()
 
@@ -76,7 +86,10 @@ class JobWatch:
                 return aborted
             if self.config.elastic:
                 self._log_rounds()
-            return self._check_workers() if self.master else self._check_master()
+            verdict = self._check_workers() if self.master else self._check_master()
+            if self.config.elastic and self.token:
+                self._restart_stale_processes()
+            return verdict
         except StoreGone as exc:
             return self._store_gone(exc)
 
@@ -126,9 +139,10 @@ class JobWatch:
                     return outcome.aborting()
                 continue
             if self._silent(k):
-                if c.elastic:        # torchrun re-forms the group without it
+                if c.elastic:        # the launcher re-forms the group without it
                     self._leave(k, f"node {k} lost: no heartbeat for PEER_TIMEOUT={c.peer_timeout}s; "
                                    f"the job goes on without it")
+                    self.store.report_lost(k, self._heartbeats.last_moved(k))
                     continue
                 return Outcome.lost(f"node {k} stopped answering (no heartbeat for {c.peer_timeout}s)")
         return None
@@ -143,6 +157,25 @@ class JobWatch:
 
     def _silent(self, node: int) -> bool:
         return self._heartbeats.silent(node)
+
+    # ----------------------------------------------------------------- lost nodes (elastic torchrun)
+    def _restart_stale_processes(self) -> None:
+        """A node lost without a connection reset (its host froze or the network split)
+        leaves the others' collectives waiting for it until the process group's timeout.
+        Training processes that started before it went silent belong to a round that
+        still counts on it: end them, and torchrun re-forms the job without it (it counts
+        as one of MAX_RESTARTS). Processes started since are a new round's: spared. Where
+        the loss did reset the connections, that new round has already formed."""
+        while self._losses < self.store.losses():
+            loss = self.store.loss(self._losses + 1)
+            if loss is None:
+                return
+            self._losses += 1
+            stale = reaper.stale(self.token, before=loss["since"])
+            if stale:
+                self.log.say(f"node {loss['node']} was lost without a connection reset: restarting "
+                             f"{len(stale)} training process(es) still waiting for it")
+                reaper.end(stale)
 
     # ----------------------------------------------------------------- training rounds
     def _skip_past_rounds(self) -> None:

@@ -86,6 +86,25 @@ def test_elastic_job_grows_when_a_node_joins(tmp_path, launcher):
     assert all(r.world == 3 and r.after < initial_loss(output) for r in found)
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_elastic_job_goes_on_without_a_frozen_worker(tmp_path, launcher):
+    """SIGSTOP: nothing answers and no connection resets, as when a host drops off the
+    network. torchrun: the entrypoints restart the processes still waiting for it after
+    PEER_TIMEOUT (from the last checkpoint, every 20 steps); Horovod: Gloo's timeout (30 s)."""
+    job = start_job(tmp_path, 2, LONG + ["--checkpoint-every", "20"], PEER_TIMEOUT=5, **LAUNCHERS[launcher])
+    master, worker = job
+    try:
+        wait_for(master, "step 40 loss", 180)
+        worker.signal_tree(signal.SIGSTOP)
+        assert master.wait(240) == 0, master.output[-4000:]
+    finally:
+        stop(job)
+    [(old, new, step)] = changes(master.output)
+    assert (old, new) == (2, 1) and step >= 20, master.output[-3000:]
+    [result] = results(master.output)
+    assert result.world == 1 and result.after < initial_loss(master.output)
+
+
 def test_a_killed_entrypoint_takes_its_processes_and_the_elastic_job_goes_on(tmp_path):
     """Only the worker's entrypoint is killed (SIGKILL): its torchrun and training process
     must die with it, and the master must count the node as lost, not wait for it."""
