@@ -87,6 +87,22 @@ def test_elastic_job_grows_when_a_node_joins(tmp_path, launcher):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_stopped_worker_leaves_and_the_elastic_job_goes_on(tmp_path, launcher):
+    """SIGTERM to a worker's entrypoint (docker stop): it leaves (143), the job goes on."""
+    job = start_job(tmp_path, 2, LONG, **LAUNCHERS[launcher])
+    master, worker = job
+    try:
+        wait_for(master, "step 40 loss", 180)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 143, worker.output[-3000:]
+        assert master.wait(240) == 0, master.output[-4000:]
+    finally:
+        stop(job)
+    assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 1)]
+    assert "node 1 left the job" in master.output
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_elastic_job_goes_on_without_a_frozen_worker(tmp_path, launcher):
     """SIGSTOP: nothing answers and no connection resets, as when a host drops off the
     network. torchrun: the entrypoints restart the processes still waiting for it after
