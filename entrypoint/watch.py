@@ -8,19 +8,19 @@ What ends a node, from the job's side:
 * on the master, a worker that failed, or (fixed-size jobs) went silent.
 
 Elastic jobs (MIN_NODES/MAX_NODES) differ in one thing: a worker that goes silent or
-leaves is not a failure. torchrun re-forms the group without it, and the master logs it.
-Every node logs the training rounds that disttrain.elastic reports (world size, step).
+leaves is not a failure. The launcher re-forms the group without it, and the master logs
+it (and records a silent one as lost, for rounds.py).
 """
 
 from __future__ import annotations
 
 import time
 
-from . import reaper
 from .config import Config
 from .jobstore import JobStore, StoreGone
 from .log import Log
 from .outcome import NodeState, Outcome
+from .rounds import Rounds
 from .signals import Signals
 
 MASTER_LINGER_S = 0.5
@@ -64,17 +64,13 @@ class JobWatch:
         """token: the node token of this node's processes (reaper.py); given for elastic
         torchrun nodes, whose training processes are restarted when a node is lost silently."""
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
-        self.token = token
         self.master = node_rank == 0
         self.serverless = serverless
         self._heartbeats = Heartbeats(store, config.peer_timeout)
         self._gone: set[int] = set()                        # elastic: nodes that left
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
-        self._round, self._world = 0, None
-        self._losses = 0
-        if config.elastic:
-            self._skip_past_rounds()
+        self.rounds = Rounds(store, log, token) if config.elastic else None
 
     # ----------------------------------------------------------------- while running
     def check(self) -> Outcome | None:
@@ -84,12 +80,9 @@ class JobWatch:
             aborted = self.store.aborted()
             if aborted:
                 return aborted
-            if self.config.elastic:
-                self._log_rounds()
-            verdict = self._check_workers() if self.master else self._check_master()
-            if self.config.elastic and self.token:
-                self._restart_stale_processes()
-            return verdict
+            if self.rounds:
+                self.rounds.follow()
+            return self._check_workers() if self.master else self._check_master()
         except StoreGone as exc:
             return self._store_gone(exc)
 
@@ -157,48 +150,6 @@ class JobWatch:
 
     def _silent(self, node: int) -> bool:
         return self._heartbeats.silent(node)
-
-    # ----------------------------------------------------------------- lost nodes (elastic torchrun)
-    def _restart_stale_processes(self) -> None:
-        """A node lost without a connection reset (its host froze or the network split)
-        leaves the others' collectives waiting for it until the process group's timeout.
-        Training processes that started before it went silent belong to a round that
-        still counts on it: end them, and torchrun re-forms the job without it (it counts
-        as one of MAX_RESTARTS). Processes started since are a new round's: spared. Where
-        the loss did reset the connections, that new round has already formed."""
-        while self._losses < self.store.losses():
-            loss = self.store.loss(self._losses + 1)
-            if loss is None:
-                return
-            self._losses += 1
-            stale = reaper.stale(self.token, before=loss["since"])
-            if stale:
-                self.log.say(f"node {loss['node']} was lost without a connection reset: restarting "
-                             f"{len(stale)} training process(es) still waiting for it")
-                reaper.end(stale)
-
-    # ----------------------------------------------------------------- training rounds
-    def _skip_past_rounds(self) -> None:
-        """A node that joins a running job reports rounds from its own on."""
-        try:
-            self._round = self.store.rounds()
-            last = self.store.round(self._round) if self._round else None
-            self._world = last["world"] if last else None
-        except StoreGone:
-            pass
-
-    def _log_rounds(self) -> None:
-        while self._round < self.store.rounds():
-            data = self.store.round(self._round + 1)
-            if data is None:
-                return               # counted but not written yet: next time
-            self._round += 1
-            world, step = data["world"], data["step"]
-            if self._world is None:
-                self.log.say(f"training: world size {world}, from step {step}")
-            else:
-                self.log.say(f"membership changed: world size {self._world} -> {world}, resumed from step {step}")
-            self._world = world
 
     # ----------------------------------------------------------------- finishing
     def finish(self, outcome: Outcome) -> Outcome:

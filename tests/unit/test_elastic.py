@@ -111,7 +111,7 @@ def test_rounds_reported_by_rank_0_are_logged_by_the_entrypoint(monkeypatch):
                                            "entrypoint: membership changed: world size 2 -> 1, resumed from step 40"]
     assert elastic.report_round(3, 75)
     late = JobWatch(store, config, 0, Log(io.StringIO()), Signals())       # a node that joins now
-    assert (late._round, late._world) == (3, 3)
+    assert late.rounds.current == (3, 3)
 
 
 def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
