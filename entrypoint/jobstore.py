@@ -44,7 +44,12 @@ class StoreGone(Exception):
 
 
 class RendezvousError(Exception):
-    """Joining failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for."""
+    """Joining failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for.
+    `ends_job`: the job cannot go on without this node (False for a node it never needed)."""
+
+    def __init__(self, text: str, ends_job: bool = True):
+        super().__init__(text)
+        self.ends_job = ends_job
 
 
 def probe(host: str, port: int) -> str | None:
@@ -68,14 +73,16 @@ class JobStore:
         """timeout_s: how long to look for the master (RDZV_TIMEOUT); op_timeout_s: how long
         one operation may wait for its reply before the store counts as gone (PEER_TIMEOUT).
         TCPStore's own timeout does not bound a client's reads (torch 2.13: against a frozen
-        server, add/check/get/set block for good), so each operation runs in a thread of its
-        own and is waited for at most op_timeout_s."""
+        server, add/check/get/set block for good), so operations run on a thread of their
+        own and each is waited for at most op_timeout_s."""
         self.host, self.port, self.serve = host, port, serve
         self.endpoint = f"{host}:{port}"
         self.prefix = job_prefix(run_id)
         self.timeout_s, self.op_timeout_s = timeout_s, op_timeout_s
         self.store = None
         self._gone: str | None = None          # why the store counts as gone, once it does
+        self._ops: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve_ops, daemon=True, name="jobstore").start()
 
     # ----------------------------------------------------------------- connecting
     def connect(self, deadline: float, cancelled=lambda: False) -> None:
@@ -112,18 +119,19 @@ class JobStore:
         return self.store is not None
 
     # ----------------------------------------------------------------- raw keys
+    def _serve_ops(self) -> None:
+        while True:
+            op, args, reply = self._ops.get()
+            try:
+                reply.put((True, op(*args)))
+            except (RuntimeError, ValueError, OSError) as exc:   # DistStoreError, DistNetworkError
+                reply.put((False, _first_line(exc)))
+
     def _call(self, op, *args):
         if self._gone:
             raise StoreGone(self._gone)
         reply: queue.Queue = queue.Queue(1)
-
-        def call() -> None:
-            try:
-                reply.put((True, op(*args)))
-            except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError, DistNetworkError
-                reply.put((False, _first_line(exc)))
-
-        threading.Thread(target=call, daemon=True, name="jobstore").start()
+        self._ops.put((op, args, reply))
         try:
             ok, value = reply.get(timeout=self.op_timeout_s)
         except queue.Empty:

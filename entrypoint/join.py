@@ -76,9 +76,16 @@ class Job:
             reason = str(exc) if isinstance(exc, RendezvousError) else \
                 f"lost the job store at {self.store.endpoint} during rendezvous ({exc})"
             self.log.say(f"rendezvous failed: {reason}", error=True)
-            outcome = Outcome.failed(reason, EXIT_RENDEZVOUS)
-            self.store.abort(Outcome.failed(f"node {self._rank_text()}: {reason}"))
-            raise NotJoined(outcome) from None
+            if self._job_needs_me(exc):
+                self.store.abort(Outcome.failed(f"node {self._rank_text()}: {reason}"))
+            raise NotJoined(Outcome.failed(reason, EXIT_RENDEZVOUS)) from None
+
+    def _job_needs_me(self, exc: Exception) -> bool:
+        """Whether this node failing to join ends the job: not for a worker of an elastic
+        job (it goes on without it), nor for a node beyond NUM_NODES."""
+        if self.master:
+            return True
+        return not self.config.elastic and getattr(exc, "ends_job", True)
 
     def _rank_text(self) -> str:
         return str(self.placement.node_rank) if self.placement else "(no rank yet)"
@@ -153,7 +160,7 @@ class Job:
             candidate = store.next_rank()
             if not c.elastic and candidate >= c.num_nodes:
                 raise RendezvousError(f"more nodes joined {store.endpoint} than NUM_NODES={c.num_nodes}; "
-                                      f"this one would be node {candidate}")
+                                      f"this one would be node {candidate}", ends_job=False)
             if store.claim(candidate):
                 return candidate
 

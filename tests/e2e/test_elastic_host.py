@@ -141,6 +141,18 @@ def test_a_killed_entrypoint_takes_its_processes_and_the_elastic_job_goes_on(tmp
     assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 1)]
 
 
+def test_a_node_beyond_num_nodes_is_refused_and_the_job_goes_on(tmp_path):
+    job = start_job(tmp_path, 2, ["--steps", "200", "--step-delay", "0.02"])
+    try:
+        wait_for(job[0], "TRAINING", 180)
+        extra = add_node(job, tmp_path)
+        assert extra.wait(60) == 3, extra.output[-2000:]
+        assert [node.wait(120) for node in job[:2]] == [0, 0], job[0].output[-3000:]
+    finally:
+        stop(job)
+    assert "more nodes joined" in extra.output and "than NUM_NODES=2" in extra.output
+
+
 def test_a_killed_entrypoint_ends_a_fixed_size_job(tmp_path):
     job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.02", "--checkpoint-every", "1000000"],
                     PEER_TIMEOUT=5)
