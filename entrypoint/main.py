@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 import time
+from typing import Protocol
 
 from . import hardware, manifest
 from .arguments import Invocation, parse_arguments
@@ -26,7 +27,7 @@ from .ecosystem import translate
 from .join import Job, LocalJob, NotJoined
 from .log import Log
 from .outcome import Outcome
-from .plan import NodePlan, assumed_placement, command_env, explain, plan_node, plan_processes
+from .plan import NodePlan, Placement, assumed_placement, command_env, explain, plan_node, plan_processes
 from .reaper import new_token
 from .signals import Signals
 from .supervisor import Supervisor
@@ -71,9 +72,31 @@ def run_direct(plan: NodePlan, env: dict[str, str]) -> int:
     return 0  # not reached
 
 
+class Runner(Protocol):
+    def run(self) -> Outcome: ...
+
+
+def node_runner(plan: NodePlan, job: Job | LocalJob, placement: Placement, env: dict[str, str], log: Log,
+                signals: Signals) -> Runner:
+    """The launch seam: what runs this node's processes and returns its Outcome. Today a
+    Supervisor over the planned processes (torchrun among them, as a subprocess rendered
+    from torchrun.TorchrunLaunch), or, for elastic Horovod, the node that starts workers on
+    the driver's orders. Running torch's elastic agent inside this process would be one
+    more runner, built from the same TorchrunLaunch."""
+    if plan.horovod_elastic:
+        from .horovod_elastic import HorovodElasticNode
+        log.say(f"running Horovod workers as the driver asks: {plan.launcher}")
+        return HorovodElasticNode(job.store, plan, placement, env, log, signals, job.watch(serverless=False))
+    processes = plan_processes(plan, placement)
+    log.say(f"starting {len(processes)} process(es): {plan.launcher}")
+    token = new_token()
+    watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
+    return Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals, token=token)
+
+
 def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
-    """Join the job (or, locally, nothing to join), run this node's processes under the
-    supervisor, and finish together with the other nodes."""
+    """Join the job (or, locally, nothing to join), run this node's processes, and finish
+    together with the other nodes."""
     signals = Signals().install()
     job = LocalJob(plan) if plan.mode == "local" else Job(plan, log, signals)
     with job:
@@ -81,20 +104,7 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
             placement = job.join()
         except NotJoined as exc:
             return exc.outcome
-        if plan.horovod_elastic:
-            # Horovod's ElasticDriver (on the master) orders worker processes as nodes come and go.
-            from .horovod_elastic import HorovodElasticNode
-            log.say(f"running Horovod workers as the driver asks: {plan.launcher}")
-            watch = job.watch(serverless=False)
-            runner = HorovodElasticNode(job.store, plan, placement, env, log, signals, watch)
-        else:
-            processes = plan_processes(plan, placement)
-            log.say(f"starting {len(processes)} process(es): {plan.launcher}")
-            token = new_token()
-            watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
-            runner = Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals,
-                                token=token)
-        return job.finish(runner.run())
+        return job.finish(node_runner(plan, job, placement, env, log, signals).run())
 
 
 def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:
