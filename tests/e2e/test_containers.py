@@ -332,7 +332,7 @@ ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3,
 def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project):
     job = project(**ELASTIC)
     job.compose("up", "-d", check=True)
-    job.wait_for_log("step 40 loss", 240, service="master")
+    job.wait_for_log("step 40 loss", 240)        # global rank 0 prints it, on whichever node torchrun put it
     job.compose("kill", "worker", check=True)                    # SIGKILL: the container is gone
     job.wait_exited(240)
     codes, logs = job.exit_codes(), job.logs_by_container()
@@ -342,13 +342,13 @@ def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project):
     assert (old, new) == (2, 1) and step >= 40
     [result] = results(logs[master])
     assert result.world == 1 and f"resumed_from={step}" in result.extra
-    assert result.after < initial_loss(logs[master])
+    assert result.after < initial_loss("\n".join(logs.values()))
 
 
 def test_elastic_job_grows_with_compose_scale(image, project):
     job = project(**ELASTIC)
     job.compose("up", "-d", check=True)
-    job.wait_for_log("step 40 loss", 240, service="master")
+    job.wait_for_log("step 40 loss", 240)
     job.compose("up", "-d", "--scale", "worker=2", "--no-recreate", check=True)
     job.wait_exited(300)
     codes, logs = job.exit_codes(), job.logs_by_container()
@@ -358,14 +358,14 @@ def test_elastic_job_grows_with_compose_scale(image, project):
     assert (old, new) == (2, 3) and step >= 40
     found = results("\n".join(logs.values()))
     assert sorted(r.rank for r in found) == [0, 1, 2] and len({r.digest for r in found}) == 1
-    assert all(f"resumed_from={step}" in r.extra and r.after < initial_loss(logs[master]) for r in found)
+    assert all(f"resumed_from={step}" in r.extra and r.after < initial_loss("\n".join(logs.values())) for r in found)
 
 
 def test_losing_the_master_container_stops_every_worker(image, project):
     peer_timeout, grace = 6, 8                # GRACE_PERIOD: the image's default
     job = project(**{**ELASTIC, "PEER_TIMEOUT": peer_timeout, "TRAIN_ARGS": "--steps 100000 --step-delay 0.05"})
     job.compose("up", "-d", "--scale", "worker=2", check=True)
-    job.wait_for_log("step 40 loss", 240, service="master")
+    job.wait_for_log("step 40 loss", 240)
     killed = time.monotonic()
     job.compose("kill", "master", check=True)
     job.wait_exited(60)
