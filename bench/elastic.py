@@ -102,9 +102,9 @@ def once(launcher: str, change: str, timeout: float = 240) -> float | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def measure(repeats: int) -> list[dict]:
+def measure(repeats: int, launchers: tuple[str, ...] = tuple(LAUNCHERS)) -> list[dict]:
     rows = []
-    for launcher in LAUNCHERS:
+    for launcher in launchers:
         for change, text, sizes in (("lost", "a worker node is lost (SIGKILL)", "2 → 1"),
                                     ("joined", "a node joins", "2 → 3")):
             samples = [once(launcher, change) for _ in range(repeats)]

@@ -80,7 +80,7 @@ def main() -> int:
         results["training"] = training.measure(20 if args.smoke else 100, repeats, (32,) if args.smoke else (32, 1024))
     if "elastic" in sections:
         step("elastic resumption")
-        results["elastic"] = elastic.measure(repeats)
+        results["elastic"] = elastic.measure(repeats, ("torchrun",) if args.smoke else tuple(elastic.LAUNCHERS))
 
     step("done")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
