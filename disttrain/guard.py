@@ -36,8 +36,8 @@ def launched_world(env: dict[str, str]) -> int:
 def horovod_split(size: int, env: dict[str, str]) -> str | None:
     """The line to stop with when Horovod's world is smaller than the launcher's, else None."""
     world = launched_world(env)
-    if size >= world or world <= 1:
-        return None
+    if size >= world or world <= 1 or env.get("HOROVOD_ELASTIC") == "1":
+        return None          # hvd.elastic: the world shrinks and grows by design
     launcher = env.get("DISTTRAIN_LAUNCHER")
     if launcher:
         started = {"native": "torchrun" if env.get("FRAMEWORK", "pytorch") == "pytorch" else "TF_CONFIG processes"}

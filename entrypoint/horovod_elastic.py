@@ -127,11 +127,11 @@ class HorovodElasticDriver:
         from horovod.runner.gloo_run import create_slot_env_vars
 
         host, c = slot_info.hostname, self.config
+        # No RANK/WORLD_SIZE: the world changes size by design, and Horovod refreshes its own
+        # HOROVOD_* variables at every reset (disttrain.context() reads those).
         env = {**create_slot_env_vars(slot_info),
                "HOROVOD_GLOO_RENDEZVOUS_ADDR": c.master_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
-               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1",
-               "RANK": str(slot_info.rank), "WORLD_SIZE": str(slot_info.size),
-               "LOCAL_RANK": str(slot_info.local_rank), "LOCAL_WORLD_SIZE": str(slot_info.local_size)}
+               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1"}
         node, stop_sent = node_rank_of(host), False
         try:
             key = _order_key(host, self.store.add(f"hvd/{host}/orders", 1))

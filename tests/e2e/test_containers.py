@@ -329,8 +329,9 @@ ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3,
                TRAIN_ARGS="--steps 300 --step-delay 0.05 --checkpoint-every 1000")
 
 
-def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project):
-    job = project(**ELASTIC)
+@pytest.mark.parametrize("launcher", ["native", "horovod"])
+def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project, launcher):
+    job = project(**ELASTIC, LAUNCHER=launcher)
     job.compose("up", "-d", check=True)
     job.wait_for_log("step 40 loss", 240)        # global rank 0 prints it, on whichever node torchrun put it
     job.compose("kill", "worker", check=True)                    # SIGKILL: the container is gone
@@ -339,10 +340,10 @@ def test_elastic_job_goes_on_after_docker_kill_of_a_worker(image, project):
     master = next(name for name in codes if "master" in name)
     assert codes[master] == 0, (codes, logs[master][-4000:])
     [(old, new, step)] = changes(logs[master])
-    assert (old, new) == (2, 1) and step >= 40
+    assert (old, new) == (2, 1) and step >= (40 if launcher == "native" else 30)
     [result] = results(logs[master])
-    assert result.world == 1 and f"resumed_from={step}" in result.extra
-    assert result.after < initial_loss("\n".join(logs.values()))
+    assert result.world == 1 and result.after < initial_loss("\n".join(logs.values()))
+    assert launcher == "horovod" or f"resumed_from={step}" in result.extra       # Horovod: its last commit
 
 
 def test_elastic_job_grows_with_compose_scale(image, project):

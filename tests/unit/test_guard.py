@@ -25,6 +25,10 @@ def test_horovod_that_joined_is_left_alone():
     assert horovod_split(1, {"WORLD_SIZE": "x"}) is None
 
 
+def test_an_elastic_horovod_world_may_shrink():
+    assert horovod_split(1, {"WORLD_SIZE": "2", "HOROVOD_ELASTIC": "1"}) is None
+
+
 def test_mwms_without_tf_config_under_horovod():
     line = mwms_split({"WORLD_SIZE": "2", "DISTTRAIN_LAUNCHER": "horovod"}, has_resolver=False)
     assert "LAUNCHER=native" in line and "TF_CONFIG" in line
