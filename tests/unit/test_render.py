@@ -92,7 +92,7 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         sdist.extractall(tmp_path, filter="data")
     src = tmp_path / "horovod-0.28.1"
     patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
-    assert len(patches) == 5
+    assert len(patches) == 6
     for patch in patches:
         result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
                                  str(patch)], capture_output=True, text=True)
@@ -103,6 +103,8 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
     for module in ("__init__.py", "callbacks.py"):
         keras = (src / "horovod/tensorflow/keras" / module).read_text()
         assert "K = tf.keras.backend" in keras and "from keras import backend" not in keras
+    torch_cmake = (src / "horovod/torch/CMakeLists.txt").read_text()
+    assert torch_cmake.index("set(CMAKE_CXX_STANDARD 17)") < torch_cmake.index("set(CMAKE_CXX_STANDARD 20)")
 
 
 def test_labels_carry_every_component_version():
