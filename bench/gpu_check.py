@@ -451,6 +451,9 @@ def step_preflight(check: Check) -> tuple[bool, str]:
     gpus = re.search(r"(\d+) GPU\(s\)", pre)
     chosen = re.search(r"interface ([^\s,]+)", node)
     problems = [] if ok else [text]
+    kind, expected_kind = re.search(r"accelerator (\w+)", pre), "cpu" if check.rehearse else "gpu"
+    if kind and kind.group(1) != expected_kind:
+        problems.append(f"accelerator {kind.group(1)}, expected {expected_kind}")
     if not gpus or int(gpus.group(1)) != check.facts["gpus"]:
         problems.append(f"preflight GPU count {gpus.group(1) if gpus else '?'} != nvidia-smi's {check.facts['gpus']}")
     if not chosen or chosen.group(1) != iface:
