@@ -44,6 +44,8 @@ def component_versions(v: Variant) -> dict[str, str]:
     if v.tensorflow:
         versions["tensorflow"] = v.tensorflow.version
         versions["keras"] = v.keras()
+    if v.mxnet:
+        versions["mxnet"] = v.mxnet.version
     if v.horovod:
         versions["horovod"] = v.horovod.version
     if v.mpi4py:
@@ -51,6 +53,16 @@ def component_versions(v: Variant) -> dict[str, str]:
     if v.cuda:
         versions.update(cuda=v.cuda.version, cudnn=v.cuda.cudnn, nccl=v.cuda.nccl)
     return versions
+
+
+def horovod_patches(v: Variant) -> list[str]:
+    """The patches build-horovod.sh applies: every top-level one, then those in a folder
+    named after a framework Horovod is built with (e.g. mxnet/)."""
+    folder = REPO_ROOT / "images" / "patches" / f"horovod-{v.horovod.version}"
+    names = sorted(p.name for p in folder.glob("*.patch"))
+    for framework in v.horovod.frameworks:
+        names += sorted(f"{framework}/{p.name}" for p in (folder / framework).glob("*.patch"))
+    return names
 
 
 def horovod_build(v: Variant) -> dict | None:
@@ -65,8 +77,7 @@ def horovod_build(v: Variant) -> dict | None:
         "tensor_operations": ops,
         "cpu_operations": v.horovod.cpu_operations,
         "gpu_operations": v.horovod.gpu_operations,
-        "patches": sorted(p.name for p in (REPO_ROOT / "images" / "patches" /
-                                           f"horovod-{v.horovod.version}").glob("*.patch")),
+        "patches": horovod_patches(v),
     }
 
 
@@ -115,7 +126,7 @@ def labels(v: Variant) -> list[tuple[str, str]]:
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
     runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
-               "numpy"]      # torch >= 2.6 no longer depends on it; training code nearly always does
+               compat.numpy_requirement(v)]  # torch >= 2.6 no longer depends on it; training code does
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:
         runtime.append(f"torch=={v.pytorch.version}")
@@ -129,6 +140,8 @@ def requirements(v: Variant) -> dict[str, str]:
             # tf-keras requires the `tensorflow` distribution even where tensorflow-cpu
             # already provides the module.
             nodeps.append(f"tf-keras~={compat.minor(v.tensorflow.version)}.0")
+    if v.mxnet:
+        runtime.append(f"mxnet=={v.mxnet.version}")
     if v.horovod:
         runtime += ["cloudpickle", "pyyaml", "packaging"]
     build = ["# Builder stage only: what compiling Horovod needs.",
@@ -166,7 +179,7 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
     hvd = v.horovod
     if not hvd:
         return []
-    env = [("HOROVOD_WITHOUT_MXNET", "1")]
+    env = [(f"HOROVOD_{'WITH' if 'mxnet' in hvd.frameworks else 'WITHOUT'}_MXNET", "1")]
     for framework in ("pytorch", "tensorflow"):
         env.append((f"HOROVOD_{'WITH' if framework in hvd.frameworks else 'WITHOUT'}_{framework.upper()}", "1"))
     for controller in ("gloo", "mpi"):

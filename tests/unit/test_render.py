@@ -195,3 +195,24 @@ def test_built_without_torchvision_says_so():
     assert labels["io.disttrain.without"] == "torchvision" and "io.disttrain.version.torchvision" not in labels
     full = dict(render.labels(MATRIX.variants["cpu"]))
     assert full["io.disttrain.version.torchvision"] == "0.28.0+cpu" and "io.disttrain.without" not in full
+
+
+def test_mxnet_variant_pins_numpy_and_builds_horovod_with_mxnet():
+    v = MATRIX.variants["cpu-mxnet"]
+    runtime = render.requirements(v)["runtime.txt"].splitlines()
+    assert "numpy<1.24" in runtime and "mxnet==1.9.1" in runtime and "torch==2.13.0+cpu" in runtime
+    assert "tensorflow" not in "".join(runtime)
+    env = dict(render.horovod_env(v))
+    assert env["HOROVOD_WITH_MXNET"] == "1" and env["HOROVOD_WITH_PYTORCH"] == "1"
+    assert env["HOROVOD_WITHOUT_TENSORFLOW"] == "1" and "HOROVOD_WITHOUT_MXNET" not in env
+    manifest = render.manifest(v)
+    assert manifest["frameworks"] == ["pytorch", "mxnet"] and manifest["versions"]["mxnet"] == "1.9.1"
+    assert manifest["horovod"]["frameworks"] == ["pytorch", "mxnet"]
+    assert dict(render.labels(v))["io.disttrain.version.mxnet"] == "1.9.1"
+
+
+def test_other_variants_build_horovod_without_mxnet_and_keep_numpy_unbounded():
+    for name in ("cpu", "cpu-pytorch", "cu124"):
+        v = MATRIX.variants[name]
+        assert dict(render.horovod_env(v))["HOROVOD_WITHOUT_MXNET"] == "1"
+        assert "numpy" in render.requirements(v)["runtime.txt"].splitlines()
