@@ -15,8 +15,11 @@ COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compo
 PYTEST_ARGS ?=
 
 TPU_IMAGE ?= distributed-training-framework:tpu
+MXNET_VARIANT ?= cpu-mxnet
+MXNET_VENV    ?= .venv-mxnet
+MXNET_WHEELS  := .wheels/$(MXNET_VARIANT)
 
-.PHONY: demo test test-tpu venv image frameworks clean
+.PHONY: demo test test-tpu venv image frameworks mxnet-venv clean
 
 venv: $(VENV)/.dev
 $(VENV)/.dev: requirements-dev.txt
@@ -33,6 +36,15 @@ frameworks: image
 	$(PY) -m pip install -q $(if $(BUILD_WHEELHOUSE),--find-links $(BUILD_WHEELHOUSE)) -r build/$(VARIANT)/requirements/runtime.txt
 	$(PY) -m pip install -q --no-deps -r build/$(VARIANT)/requirements/runtime-nodeps.txt
 	$(PY) -m pip install -q --no-deps --force-reinstall $(WHEELS)/*.whl
+
+# MXNet needs numpy < 1.24, which TensorFlow cannot share: its host tests run in a second
+# venv with the cpu-mxnet image's pins and Horovod wheel (tests/e2e/test_mxnet_host.py).
+mxnet-venv: venv
+	$(PY) build.py build $(MXNET_VARIANT) --export-wheels $(MXNET_WHEELS)
+	$(PY) build.py render $(MXNET_VARIANT) -o build >/dev/null
+	$(PYTHON) -m venv $(MXNET_VENV)
+	$(MXNET_VENV)/bin/python -m pip install -q $(if $(BUILD_WHEELHOUSE),--find-links $(BUILD_WHEELHOUSE)) -r build/$(MXNET_VARIANT)/requirements/runtime.txt
+	$(MXNET_VENV)/bin/python -m pip install -q --no-deps --force-reinstall $(MXNET_WHEELS)/*.whl
 
 test: frameworks
 	TEST_IMAGE=$(IMAGE) TEST_VARIANT=$(VARIANT) PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
