@@ -55,16 +55,6 @@ def component_versions(v: Variant) -> dict[str, str]:
     return versions
 
 
-def horovod_patches(v: Variant) -> list[str]:
-    """The patches build-horovod.sh applies: every top-level one, then those in a folder
-    named after a framework Horovod is built with (e.g. mxnet/)."""
-    folder = REPO_ROOT / "images" / "patches" / f"horovod-{v.horovod.version}"
-    names = sorted(p.name for p in folder.glob("*.patch"))
-    for framework in v.horovod.frameworks:
-        names += sorted(f"{framework}/{p.name}" for p in (folder / framework).glob("*.patch"))
-    return names
-
-
 def horovod_build(v: Variant) -> dict | None:
     if not v.horovod:
         return None
@@ -77,7 +67,8 @@ def horovod_build(v: Variant) -> dict | None:
         "tensor_operations": ops,
         "cpu_operations": v.horovod.cpu_operations,
         "gpu_operations": v.horovod.gpu_operations,
-        "patches": horovod_patches(v),
+        "patches": sorted(p.name for p in (REPO_ROOT / "images" / "patches" /
+                                           f"horovod-{v.horovod.version}").glob("*.patch")),
     }
 
 

@@ -65,5 +65,8 @@ if hvd.rank() == 0 and start < args.steps:
     os.replace(ckpt + ".tmp", ckpt)
 synthetic.report("horovod-mxnet", hvd.rank(), hvd.size(), before, full_loss(),
                  synthetic.digest(weights().values()))
-hvd.allreduce(nd.zeros((1,)), name="final-barrier")
+# MXNet runs operations asynchronously: wait for the last allreduce (and everything else)
+# before Horovod shuts down, or MXNet's own exit hook finds a Horovod op still pending.
+hvd.allreduce(nd.zeros((1,)), name="final-barrier").wait_to_read()
+nd.waitall()
 hvd.shutdown()

@@ -59,6 +59,7 @@ def test_horovod_trains(tmp_path, nodes, nproc):
     assert codes == [0] * nodes, output[-4000:]
     found = check_trained(output, nodes * nproc)
     assert {r.framework for r in found} == {"horovod-mxnet"}
+    assert "Traceback" not in output, output[-3000:]          # e.g. an op still pending at exit
 
 
 @pytest.mark.parametrize("launcher", ["native", "horovod"])
