@@ -151,6 +151,10 @@ def runtime_apt(v: Variant) -> list[str]:
     if v.xla:
         # torch-xla's _XLAC links libpython3.X.so.1.0, which Debian's python3 does not install.
         packages.append(f"libpython{v.python}")
+    if v.mxnet:
+        # MXNet's wheel bundles OpenBLAS and libgfortran but links the system's OpenMP and
+        # libquadmath; the builder has them through build-essential, the runtime would not.
+        packages += ["libgomp1", "libquadmath0"]
     return packages
 
 

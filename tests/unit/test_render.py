@@ -209,6 +209,8 @@ def test_mxnet_variant_pins_numpy_and_builds_horovod_with_mxnet():
     assert manifest["frameworks"] == ["pytorch", "mxnet"] and manifest["versions"]["mxnet"] == "1.9.1"
     assert manifest["horovod"]["frameworks"] == ["pytorch", "mxnet"]
     assert dict(render.labels(v))["io.disttrain.version.mxnet"] == "1.9.1"
+    base = render.render_dockerfile(v).split("AS builder", 1)[0]
+    assert "libgomp1 libquadmath0" in base        # libmxnet.so needs them at run time, not only to build
 
 
 def test_other_variants_build_horovod_without_mxnet_and_keep_numpy_unbounded():
