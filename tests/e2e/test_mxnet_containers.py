@@ -3,8 +3,8 @@ parameter servers and with Horovod (compose/two-node.yml). The cpu image refuses
 FRAMEWORK=mxnet in one line that names the variant which has it.
 
 MXNET_TEST_IMAGE (default distributed-training-framework:cpu-mxnet) must have been built
-(`python build.py build cpu-mxnet`, or `make mxnet-venv`); without it these tests are
-skipped, saying so.
+(`python build.py build cpu-mxnet`, or `make test-mxnet`, which also runs them); without
+it these tests are skipped, saying so.
 """
 
 from __future__ import annotations

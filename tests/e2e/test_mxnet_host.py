@@ -4,7 +4,8 @@ and Horovod, as two nodes on loopback or one node with two processes.
 MXNet 1.9.1 needs numpy < 1.24, which TensorFlow 2.21 in the cpu venv cannot share, so
 these tests run the entrypoint with a second interpreter: MXNET_PYTHON, else
 .venv-mxnet/bin/python (`make mxnet-venv` builds it from the cpu-mxnet image's pins and
-its Horovod wheel). Without one they are skipped, saying so.
+its Horovod wheel; `make test-mxnet` builds it and runs these). Without one they are
+skipped, saying so.
 """
 
 import os
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 PYTHON = os.environ.get("MXNET_PYTHON") or str(ROOT / ".venv-mxnet" / "bin" / "python")
 if not Path(PYTHON).exists():
-    pytest.skip(f"no MXNet venv at {PYTHON} (run `make mxnet-venv`, or set MXNET_PYTHON to a Python with "
+    pytest.skip(f"no MXNet venv at {PYTHON} (run `make test-mxnet`, or set MXNET_PYTHON to a Python with "
                 f"mxnet 1.9.1, torch and Horovod built with MXNet)", allow_module_level=True)
 
 SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
