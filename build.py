@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from buildsys import ci, docker_build, render, smoke
+from buildsys import ci, compat, docker_build, render, smoke
 from buildsys.matrix import MatrixError, load_matrix
 from buildsys.tags import tags as variant_tags
 
@@ -117,6 +117,8 @@ def cmd_list(matrix, version, registry) -> int:
             print(f"  torch-xla:   {v.xla.version}, libtpu {v.xla.libtpu}")
         tf = f"{v.tensorflow.package} {v.tensorflow.version}, Keras: {v.keras()}" if v.tensorflow else "-"
         print(f"  tensorflow:  {tf}")
+        if v.mxnet:
+            print(f"  mxnet:       {v.mxnet.version} ({compat.numpy_requirement(v)})")
         if hvd:
             print(f"  horovod:     {v.horovod.version} with {', '.join(hvd['frameworks'])}; controllers "
                   f"{', '.join(hvd['controllers'])}; tensor ops {', '.join(hvd['tensor_operations'])}")

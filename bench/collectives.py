@@ -34,10 +34,19 @@ def measure(sizes: list[int]) -> list[dict]:
     rows = []
     for name, cmd, env in stacks(",".join(map(str, sizes))):
         code, out, _ = run(cmd, env, timeout=600)
-        found = {int(s): float(t) for s, t in re.findall(r"SIZE (\d+) ([\d.]+)", out)}
-        for size in sizes:
-            seconds = found.get(size)
-            algbw = size / seconds / 1e9 if seconds else float("nan")
-            rows.append({"stack": name, "bytes": size, "seconds": seconds or float("nan"),
-                         "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (N - 1) / N, "ok": code == 0})
+        rows += parse(name, sizes, N, code, out)
+    return rows
+
+
+def parse(name: str, sizes: list[int], n: int, code: int, out: str) -> list[dict]:
+    """allreduce.py's output from n processes -> one row per size (NaN where one is missing);
+    ok: exit 0 and the final sum correct."""
+    found = {int(s): float(t) for s, t in re.findall(r"SIZE (\d+) ([\d.]+)", out)}
+    checked = "CHECK ok" in out and "CHECK FAILED" not in out
+    rows = []
+    for size in sizes:
+        seconds = found.get(size)
+        algbw = size / seconds / 1e9 if seconds else float("nan")
+        rows.append({"stack": name, "bytes": size, "seconds": seconds or float("nan"), "processes": n,
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n, "ok": code == 0 and checked})
     return rows

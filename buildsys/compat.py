@@ -16,6 +16,11 @@ Every number here was read from the packages themselves (the wheels' metadata on
   README pins the pair (`pip install torch==2.9.0 'torch_xla[tpu]==2.9.0'`), its `tpu`
   extra pins libtpu, and libtpu 0.0.21 ships cp310-cp312 wheels only (Requires-Python
   `>=3.10, <3.13`), so torch-xla 2.9's TPU support stops at Python 3.12.
+* MXNet: the `mxnet` wheel's `Requires-Dist` says numpy<2, but 1.9.1 uses `np.bool`, which
+  numpy 1.24 removed (`import mxnet` fails there: measured), so it needs numpy < 1.24, and
+  the last such numpy (1.23.5) has wheels for CPython 3.8..3.11 only. TensorFlow's numpy
+  floor is its wheels' `Requires-Dist`; torch 2.13 declares none and runs with 1.23.5
+  (measured).
 
 Each check returns a list of problems: (field, message). Empty means compatible.
 """
@@ -124,6 +129,27 @@ TORCH_XLA: dict[str, TorchXlaRelease] = {
     "2.8.0": TorchXlaRelease("2.8", ("3.10", "3.13"), "0.0.17", None),
     "2.8.1": TorchXlaRelease("2.8", ("3.10", "3.13"), "0.0.17", None),
     "2.9.0": TorchXlaRelease("2.9", ("3.10", "3.13"), "0.0.21", ("3.10", "3.12")),
+}
+
+
+# numpy each TensorFlow release requires (its wheels' Requires-Dist, on Python <= 3.11;
+# 2.16 and 2.17 ask for >= 1.26.0 on 3.12+).
+TENSORFLOW_NUMPY_MIN: dict[str, str] = {
+    "2.15": "1.23.5", "2.16": "1.23.5", "2.17": "1.23.5",
+    "2.18": "1.26.0", "2.19": "1.26.0", "2.20": "1.26.0", "2.21": "1.26.0",
+}
+
+
+@dataclass(frozen=True)
+class MxnetRelease:
+    python: tuple[str, str]          # CPython with wheels of a numpy it accepts
+    numpy_below: str                 # the first numpy it breaks with
+    cuda: str | None                 # the newest CUDA it has a GPU build for (mxnet-cuXYZ)
+
+
+# MXNet is retired (Apache attic, 2023): 1.9.1 is its last release.
+MXNET: dict[str, MxnetRelease] = {
+    "1.9": MxnetRelease(("3.8", "3.11"), "1.24", "11.7"),
 }
 
 # The Python 3 that each Debian release ships: the image's interpreter comes from its base.
@@ -354,7 +380,45 @@ def check_xla(variant) -> list[tuple[str, str]]:
     return problems
 
 
-CHECKS = (check_python, check_torch, check_torch_companions, check_tensorflow, check_cuda_toolchain,
+def numpy_requirement(variant) -> str:
+    """The numpy line of the image's requirements: bounded where a framework needs it."""
+    if variant.mxnet and minor(variant.mxnet.version) in MXNET:
+        return f"numpy<{MXNET[minor(variant.mxnet.version)].numpy_below}"
+    return "numpy"
+
+
+def check_mxnet(variant) -> list[tuple[str, str]]:
+    mx = variant.mxnet
+    if mx is None:
+        return []
+    release = MXNET.get(minor(mx.version))
+    if release is None:
+        return [("mxnet.version", f"{mx.version!r} is not a known MXNet release; allowed minors: "
+                                  + ", ".join(sorted(MXNET, key=parse_version)))]
+    problems = []
+    if variant.accelerator != "cpu":
+        problems.append(("mxnet.version", f"MXNet {mx.version} runs on CPU here (its GPU wheels stop at CUDA "
+                                          f"{release.cuda}); allowed: accelerator 'cpu'"))
+    if not _in_range(variant.python, *release.python):
+        problems.append(("mxnet.version", f"MXNet {mx.version} needs numpy < {release.numpy_below}, which has no "
+                                          f"wheels for Python {variant.python}; allowed: Python "
+                                          f"{release.python[0]}..{release.python[1]}"))
+    tf = variant.tensorflow
+    if tf is not None:
+        floor = TENSORFLOW_NUMPY_MIN.get(minor(tf.version))
+        if floor and parse_version(floor) >= parse_version(release.numpy_below):
+            problems.append(("tensorflow.version", f"TensorFlow {tf.version} needs numpy >= {floor}, MXNet "
+                                                   f"{mx.version} needs numpy < {release.numpy_below}; allowed "
+                                                   f"with MXNet: TensorFlow " + ", ".join(
+                                                       m for m, f in TENSORFLOW_NUMPY_MIN.items()
+                                                       if parse_version(f) < parse_version(release.numpy_below))))
+    if variant.pytorch is None:
+        problems.append(("pytorch", "the entrypoint's job store (multi-node rendezvous) is torch.distributed's "
+                                    "TCPStore, so an MXNet variant needs torch too; allowed: a pytorch version"))
+    return problems
+
+
+CHECKS = (check_python, check_torch, check_torch_companions, check_tensorflow, check_mxnet, check_cuda_toolchain,
           check_horovod, check_xla)
 
 

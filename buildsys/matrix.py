@@ -54,6 +54,12 @@ class TensorFlow(Strict):
     _check = field_validator("version")(classmethod(lambda cls, v: _version(v)))
 
 
+class MXNet(Strict):
+    version: str
+
+    _check = field_validator("version")(classmethod(lambda cls, v: _version(v)))
+
+
 class Cuda(Strict):
     version: str
     cudnn: str
@@ -88,7 +94,7 @@ class Xla(Strict):
 
 class Horovod(Strict):
     version: str
-    frameworks: list[Literal["pytorch", "tensorflow"]] = Field(min_length=1)
+    frameworks: list[Literal["pytorch", "tensorflow", "mxnet"]] = Field(min_length=1)
     controllers: list[Literal["gloo", "mpi"]] = Field(min_length=1)
     cpu_operations: Literal["gloo", "mpi"]
     gpu_operations: Literal["nccl"] | None = None
@@ -104,6 +110,7 @@ class Variant(Strict):
     pytorch: PyTorch | None = None
     xla: Xla | None = None
     tensorflow: TensorFlow | None = None
+    mxnet: MXNet | None = None
     horovod: Horovod | None = None
     mpi4py: str | None = None
     aliases: list[str] = []
@@ -121,6 +128,8 @@ class Variant(Strict):
             names.append("pytorch")
         if self.tensorflow:
             names += ["tensorflow", "keras"]
+        if self.mxnet:
+            names.append("mxnet")
         return names
 
     def compiles_wheels(self) -> bool:
@@ -256,9 +265,9 @@ def build_variant(name: str, data: Any, defaults: dict, source: str) -> Variant:
     if variant.accelerator != "cuda" and variant.cuda is not None:
         raise MatrixError(f"{source}: variant {name!r}: field 'cuda': must be absent when accelerator is "
                           f"{variant.accelerator!r}; allowed: accelerator 'cuda'")
-    if not variant.pytorch and not variant.tensorflow:
-        raise MatrixError(f"{source}: variant {name!r}: field 'pytorch': a variant needs pytorch and/or "
-                          f"tensorflow")
+    if not variant.pytorch and not variant.tensorflow and not variant.mxnet:
+        raise MatrixError(f"{source}: variant {name!r}: field 'pytorch': a variant needs pytorch, tensorflow "
+                          f"and/or mxnet")
     problems = compat.check_variant(variant)
     if problems:
         field, message = problems[0]

@@ -44,6 +44,8 @@ def component_versions(v: Variant) -> dict[str, str]:
     if v.tensorflow:
         versions["tensorflow"] = v.tensorflow.version
         versions["keras"] = v.keras()
+    if v.mxnet:
+        versions["mxnet"] = v.mxnet.version
     if v.horovod:
         versions["horovod"] = v.horovod.version
     if v.mpi4py:
@@ -115,7 +117,7 @@ def labels(v: Variant) -> list[tuple[str, str]]:
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
     runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
-               "numpy"]      # torch >= 2.6 no longer depends on it; training code nearly always does
+               compat.numpy_requirement(v)]  # torch >= 2.6 no longer depends on it; training code does
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:
         runtime.append(f"torch=={v.pytorch.version}")
@@ -129,6 +131,8 @@ def requirements(v: Variant) -> dict[str, str]:
             # tf-keras requires the `tensorflow` distribution even where tensorflow-cpu
             # already provides the module.
             nodeps.append(f"tf-keras~={compat.minor(v.tensorflow.version)}.0")
+    if v.mxnet:
+        runtime.append(f"mxnet=={v.mxnet.version}")
     if v.horovod:
         runtime += ["cloudpickle", "pyyaml", "packaging"]
     build = ["# Builder stage only: what compiling Horovod needs.",
@@ -147,6 +151,10 @@ def runtime_apt(v: Variant) -> list[str]:
     if v.xla:
         # torch-xla's _XLAC links libpython3.X.so.1.0, which Debian's python3 does not install.
         packages.append(f"libpython{v.python}")
+    if v.mxnet:
+        # MXNet's wheel bundles OpenBLAS and libgfortran but links the system's OpenMP and
+        # libquadmath; the builder has them through build-essential, the runtime would not.
+        packages += ["libgomp1", "libquadmath0"]
     return packages
 
 
@@ -166,7 +174,7 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
     hvd = v.horovod
     if not hvd:
         return []
-    env = [("HOROVOD_WITHOUT_MXNET", "1")]
+    env = [(f"HOROVOD_{'WITH' if 'mxnet' in hvd.frameworks else 'WITHOUT'}_MXNET", "1")]
     for framework in ("pytorch", "tensorflow"):
         env.append((f"HOROVOD_{'WITH' if framework in hvd.frameworks else 'WITHOUT'}_{framework.upper()}", "1"))
     for controller in ("gloo", "mpi"):

@@ -18,8 +18,8 @@ from .render import manifest
 SCRIPTS = Path(__file__).resolve().parent / "smoke_scripts"
 RESULT_RE = re.compile(r"RESULT (\w+) rank=(\d+) size=(\d+) sum=(\[.*?\])")
 CHECK_RE = re.compile(r"\[(X| )\] (\w+)")
-CHECK_BUILD_NAMES = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "gloo": "Gloo", "mpi": "MPI",
-                     "nccl": "NCCL"}
+CHECK_BUILD_NAMES = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet", "gloo": "Gloo",
+                     "mpi": "MPI", "nccl": "NCCL"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def compare_versions(output: str, v: Variant) -> tuple[bool, str]:
     found = json.loads(match.group(1))
     promised = manifest(v)["versions"]
     pairs = {"torch": "torch", "torchvision": "torchvision", "torchaudio": "torchaudio", "tensorflow": "tensorflow",
-             "horovod": "horovod", "mpi4py": "mpi4py", "torch_xla": "torch_xla", "libtpu": "libtpu"}
+             "mxnet": "mxnet", "horovod": "horovod", "mpi4py": "mpi4py", "torch_xla": "torch_xla", "libtpu": "libtpu"}
     def same(installed: str | None, wanted: str) -> bool:
         # PyPI's CUDA torch reports '2.6.0+cu124' for the '2.6.0' the matrix asks for.
         return installed == wanted or ("+" not in wanted and str(installed).startswith(wanted + "+"))
@@ -204,6 +204,11 @@ def run_smoke_tests(image: str, v: Variant) -> list[CheckResult]:
         code, output = runner.run(["python3", "/smoke/xla_cpu.py"], env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"})
         results.append(_result("torch-xla SPMD reduction (XLA CPU client, 2 devices)", code, output,
                                check_xla_reduction(output, 2, 4)))
+
+    if v.mxnet:
+        code, output = runner.run(["python3", "/smoke/mx_kvstore.py"])
+        results.append(_result("mxnet kvstore dist_sync (scheduler, server, 2 workers)", code, output,
+                               check_allreduce(output, "kvstore", 2, 4)))
 
     if v.mpi4py:
         code, output = runner.run(["mpirun", "-np", "2", "python3", "/smoke/mpi_allreduce.py"])

@@ -40,9 +40,11 @@ def horovod_split(size: int, env: dict[str, str]) -> str | None:
         return None          # hvd.elastic: the world shrinks and grows by design
     launcher = env.get("DISTTRAIN_LAUNCHER")
     if launcher:
-        started = {"native": "torchrun" if env.get("FRAMEWORK", "pytorch") == "pytorch" else "TF_CONFIG processes"}
+        native = {"pytorch": "torchrun", "mxnet": "MXNet's parameter-server workers"}
+        started = {"native": native.get(env.get("FRAMEWORK", "pytorch"), "TF_CONFIG processes")}
         how = started.get(launcher, launcher)
-        fix = "set LAUNCHER=horovod (or LAUNCHER=mpi) for a Horovod script"
+        fix = "set LAUNCHER=horovod" + ("" if env.get("FRAMEWORK") == "mxnet" else " (or LAUNCHER=mpi)") \
+            + " for a Horovod script"
         return (f"disttrain: Horovod joined a world of {size} process(es), but LAUNCHER={launcher} started "
                 f"WORLD_SIZE={world} ({how}), so each would train alone: {fix}")
     return (f"disttrain: Horovod joined a world of {size} process(es), but this process is one of "

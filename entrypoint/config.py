@@ -13,7 +13,7 @@ An empty value counts as unset (compose files pass `${VAR:-}` through as '').
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras", "mxnet")
@@ -27,7 +27,10 @@ ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_:]*[A-Za-z0-9])?$")
 
 # Why a known framework is missing from an image, when there is more to say than "not here".
-NOT_IN_IMAGE = {"mxnet": "MXNet is retired upstream (Apache attic, 2023) and this image does not carry it",
+# (The variant named for MXNet is checked against matrix.yaml by the unit tests.)
+MXNET_VARIANT = "cpu-mxnet"
+NOT_IN_IMAGE = {"mxnet": f"this image does not carry MXNet (retired upstream, CPU only); the {MXNET_VARIANT} "
+                         f"variant has it",
                 "tpu": "TPUs need PyTorch/XLA, which only the tpu variant carries"}
 
 
@@ -137,7 +140,7 @@ class Var:
 # The contract, in the order the README documents it.
 VARIABLES = (
     Var("FRAMEWORK", Choice(FRAMEWORKS, "frameworks"), "pytorch",
-        "pytorch | tensorflow | keras | mxnet (mxnet only if the image carries it)"),
+        f"pytorch | tensorflow | keras | mxnet (mxnet: the {MXNET_VARIANT} image)"),
     Var("TRAIN_MODE", Choice(TRAIN_MODES), None, "local | distributed; default: distributed when NUM_NODES > 1 "
                                                   "or ROLE is set"),
     Var("ROLE", Choice(ROLES), None, "master | worker; default: master for NODE_RANK 0"),
@@ -153,10 +156,12 @@ VARIABLES = (
     Var("PARALLEL_MODE", Choice(PARALLEL_MODES), "data_parallel", "data_parallel | model_parallel | hybrid"),
     Var("TP_SIZE", Int(1), None, "size of the model-parallel dimension (model_parallel: default world size; "
                                  "hybrid: required)"),
-    Var("LAUNCHER", Choice(LAUNCHERS, "launchers"), "native", "native (torchrun / TF_CONFIG) | horovod | mpi"),
-    Var("SYNC_MODE", Choice(SYNC_MODES), "sync", "sync | async (TF: parameter servers; PyTorch: local SGD)"),
+    Var("LAUNCHER", Choice(LAUNCHERS, "launchers"), "native",
+        "native (torchrun / TF_CONFIG / MXNet parameter servers) | horovod | mpi"),
+    Var("SYNC_MODE", Choice(SYNC_MODES), "sync",
+        "sync | async (TF: parameter servers; PyTorch: local SGD; MXNet: dist_async)"),
     Var("SYNC_PERIOD", Int(1), "8", "async PyTorch: steps between model averages"),
-    Var("NUM_PS", Int(1), "1", "async TensorFlow: parameter-server processes on the master"),
+    Var("NUM_PS", Int(1), "1", "async TensorFlow, native MXNet: parameter-server processes on the master"),
     Var("ENTRYPOINT", Text(), "/app/code/train.py", "training script; arguments after the image name pass through"),
     Var("DATA_DIR", Text(), "/app/data", "dataset folder, passed to the script"),
     Var("CHECKPOINT_DIR", Text(), "/app/checkpoints", "checkpoint folder (rank 0 writes, everyone resumes)"),
@@ -179,8 +184,8 @@ VARIABLES = (
     Var("NODE_ADDR", HOST, None, "address other nodes reach this node at; default: the one routing to MASTER_ADDR"),
     Var("NET_IFNAME", Text(r"^[A-Za-z0-9_.:@-]{1,15}$", "must be a network interface name like eth0"), None,
         "network interface for NCCL/Gloo/Horovod; default: the one routing to MASTER_ADDR"),
-    Var("WORKER_PORT_BASE", Int(1024, 65000), None, "TensorFlow: fixed worker ports (base + local rank); "
-                                                    "default: free ports"),
+    Var("WORKER_PORT_BASE", Int(1024, 65000), None, "TensorFlow, MXNet native: fixed ports (base + n: "
+                                                    "the master's servers first); default: free ports"),
     Var("HOSTFILE", Text(), None, "LAUNCHER=mpi across nodes: an Open MPI hostfile, read by mpirun on the master"),
     Var("IB_HCA", Text(r"^[\^=]?[A-Za-z0-9_]+(:\d+)?(,[A-Za-z0-9_]+(:\d+)?)*$",
                        "must be a list of HCAs like mlx5_0:1,mlx5_1:1"), None,
@@ -386,6 +391,13 @@ def xla_port(v: Values, env: dict) -> Values:
     return {}
 
 
+def mxnet_launchers(v: Values, env: dict) -> Values:
+    if v["FRAMEWORK"] == "mxnet" and v["LAUNCHER"] == "mpi":
+        raise _fail("LAUNCHER", env["LAUNCHER"], "FRAMEWORK=mxnet runs on MXNet's parameter servers or "
+                                                 "Horovod; allowed: native, horovod")
+    return {}
+
+
 def tf_config_is_tensorflows(v: Values, env: dict) -> Values:
     if env.get("TF_CONFIG") and v["FRAMEWORK"] not in ("tensorflow", "keras"):
         raise ConfigError(f"TF_CONFIG is set but FRAMEWORK={v['FRAMEWORK']}; TF_CONFIG is for "
@@ -414,7 +426,8 @@ def nccl_settings(v: Values, env: dict) -> Values:
 
 RULES: tuple[Callable[[Values, dict], Values], ...] = (
     elastic_bounds, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
-    restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, tf_config_is_tensorflows, nccl_settings,
+    restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, mxnet_launchers, tf_config_is_tensorflows,
+    nccl_settings,
 )
 
 

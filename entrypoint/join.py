@@ -113,7 +113,9 @@ class Job:
             raise ConfigError(str(exc)) from None
         for warning in warnings:
             self.log.say(f"WARNING: {warning}")
-        node_addr = c.node_addr or (c.master_addr if self.master else source_ip)
+        node_addr = c.node_addr or (c.master_addr if self.master and not plan.numeric_addr else source_ip)
+        if plan.numeric_addr:
+            node_addr = hardware.resolve(node_addr) or node_addr
         ports = (tuple(range(c.worker_port_base, c.worker_port_base + plan.ports_needed)) if c.worker_port_base
                  else tuple(hardware.free_ports(plan.ports_needed)))
         me = NodeInfo(node_rank, node_addr, plan.nproc, ports)

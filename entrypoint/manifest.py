@@ -27,7 +27,8 @@ def detect() -> Manifest:
     def has(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
 
-    frameworks = (["pytorch"] if has("torch") else []) + (["tensorflow", "keras"] if has("tensorflow") else [])
+    frameworks = (["pytorch"] if has("torch") else []) + (["tensorflow", "keras"] if has("tensorflow") else []) \
+        + (["mxnet"] if has("mxnet") else [])
     launchers = ["native"] + (["horovod"] if has("horovod") else []) + (["mpi"] if shutil.which("mpirun") else [])
     return Manifest(frameworks, launchers, "detected", xla=has("torch") and has("torch_xla"))
 

@@ -110,10 +110,11 @@ class NodePlan:
     warnings: tuple[str, ...] = ()
     direct: DirectRank | None = None
     python: str = "python3"
-    ports_needed: int = 0            # free ports this node must reserve (TensorFlow)
+    ports_needed: int = 0            # free ports this node must reserve (TensorFlow, MXNet)
     hardware: Hardware | None = None
     accelerator: Accelerator = Accelerator("cpu")
     user_tpu_env: tuple[tuple[str, str], ...] = ()    # TPU_WORKER_* the platform set itself
+    numeric_addr: bool = False       # publish an IP, not a name: MXNet's ps-lite binds to it
 
     @property
     def xla_host(self) -> bool:
@@ -217,9 +218,22 @@ def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) ->
         nnodes = f"{config.min_nodes}:{config.max_nodes}" if config.elastic else str(config.num_nodes)
         xla = f", PJRT_DEVICE={accel.pjrt_device}, one process per chip" if accel.xla else ""
         return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla})"
+    if fw == "mxnet":
+        kind = "dist_async" if config.sync_mode == "async" else "dist_sync"
+        return (f"MXNet parameter servers, {kind} (scheduler + {config.num_ps} server(s) on the master, "
+                f"workers on every node)")
     strategy = "ParameterServerStrategy (chief + ps on the master)" if config.sync_mode == "async" \
         else "MultiWorkerMirroredStrategy"
     return f"TF_CONFIG for {strategy}"
+
+
+def master_servers(config: Config) -> int:
+    """Server processes on the master, each with its own port ahead of the workers' ports:
+    TensorFlow's chief and parameter servers (async), MXNet's scheduler and servers."""
+    fw = "tensorflow" if config.framework == "keras" else config.framework
+    if config.launcher != "native" or (fw == "tensorflow" and config.sync_mode != "async"):
+        return 0
+    return 1 + config.num_ps if fw in ("tensorflow", "mxnet") else 0
 
 
 def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = None,
@@ -252,6 +266,10 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     if direct and fw == "tensorflow" and config.launcher == "native" and not config.tf_config:
         raise ConfigError(f"FRAMEWORK={config.framework} with LAUNCHER=native under {direct.source}: each task "
                           f"needs a TF_CONFIG; run one task per node instead, or use LAUNCHER=horovod")
+    if direct and fw == "mxnet" and config.launcher == "native":
+        raise ConfigError(f"FRAMEWORK=mxnet with LAUNCHER=native under {direct.source}: MXNet's scheduler and "
+                          f"servers are started by the entrypoint; run one task per node instead, or use "
+                          f"LAUNCHER=horovod")
     if direct and direct.world_size > direct.local_world_size and config.master_addr == "127.0.0.1" \
             and fw == "pytorch" and config.launcher == "native":
         raise ConfigError(f"MASTER_ADDR is not set: {direct.source} started {direct.world_size} ranks across "
@@ -264,7 +282,8 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
         # Horovod starts workers as nodes come (horovod_elastic.py), with its own server.
         # TPU hosts learn every host's address: TPU_WORKER_HOSTNAMES.
         fixed_horovod = config.launcher == "horovod" and not config.elastic
-        exchange = fixed_horovod or (fw == "tensorflow" and config.launcher == "native") or accel.kind == "tpu"
+        exchange = fixed_horovod or (fw in ("tensorflow", "mxnet") and config.launcher == "native") \
+            or accel.kind == "tpu"
         rendezvous = Rendezvous(
             endpoint=f"{config.master_addr}:{config.master_port}",
             serve_store=config.role == "master",
@@ -274,8 +293,9 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     elif mode == "local" and config.launcher == "horovod":
         rendezvous = Rendezvous("127.0.0.1:0", serve_store=False, exchange=False, horovod_server=True,
                                 timeout=config.rdzv_timeout)
-    if fw == "tensorflow" and config.launcher == "native" and mode != "direct":
-        ports_needed = nproc + ((1 + config.num_ps) if config.sync_mode == "async" and config.role == "master" else 0)
+    if fw in ("tensorflow", "mxnet") and config.launcher == "native" and mode != "direct":
+        ports_needed = nproc + (master_servers(config) if config.role == "master" else 0)
+    mxnet_ps = fw == "mxnet" and config.launcher == "native" and mode != "direct"
 
     if config.elastic and config.launcher == "native" and config.max_restarts == 0:
         warnings.append("MAX_RESTARTS=0 with MIN_NODES/MAX_NODES: the job ends at the first lost node; "
@@ -289,7 +309,8 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
     return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
                     ports_needed=ports_needed, hardware=hw, accelerator=accel,
-                    user_tpu_env=tuple((k, user_env[k]) for k in accelerators.TPU_WORKER_VARIABLES if k in user_env))
+                    user_tpu_env=tuple((k, user_env[k]) for k in accelerators.TPU_WORKER_VARIABLES if k in user_env),
+                    numeric_addr=mxnet_ps)
 
 
 # --------------------------------------------------------------------------- step 2: launchers
@@ -437,6 +458,62 @@ def tensorflow_processes(plan: NodePlan, placement: Placement) -> list[ProcessSp
     return procs
 
 
+@dataclass(frozen=True)
+class MxnetWorker:
+    node_rank: int
+    local_rank: int
+    addr: str
+    port: int
+
+
+def mxnet_workers(plan: NodePlan, nodes: list[NodeInfo]) -> list[MxnetWorker]:
+    """Every worker of the job, in the order MXNet's scheduler ranks them.
+
+    ps-lite (MXNet 1.9.1's 3rdparty/ps-lite, van.cc) sorts the registered nodes by address,
+    descending as strings, then by port, ascending, and numbers the workers in that order.
+    Each node's worker ports are given in ascending order of local rank, so a node's workers
+    are consecutive ranks in local order; the nodes follow their addresses."""
+    num_ps = plan.config.num_ps
+    workers = []
+    for node in sorted(nodes, key=lambda n: n.node_rank):
+        ports = sorted(node.ports[(1 + num_ps) if node.node_rank == 0 else 0:])
+        if len(ports) != node.nproc:
+            raise ValueError(f"node {node.node_rank} published {len(node.ports)} ports for {node.nproc} processes")
+        workers += [MxnetWorker(node.node_rank, i, node.addr, port) for i, port in enumerate(ports)]
+    return sorted(workers, key=lambda w: (w.addr, -w.port), reverse=True)
+
+
+def mxnet_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
+    """MXNet's parameter-server job: the scheduler and NUM_PS servers on the master (servers
+    for the workers, stopped once they end), the workers on every node. Each process gets
+    its DMLC_* role; importing mxnet runs a scheduler's or server's loop."""
+    c = plan.config
+    nodes, node_rank, iface = list(placement.nodes), placement.node_rank, placement.iface
+    master = next(n for n in nodes if n.node_rank == 0)
+    workers = mxnet_workers(plan, nodes)
+    shared = {**plan.env, **iface_env(iface), "DMLC_PS_ROOT_URI": master.addr,
+              "DMLC_PS_ROOT_PORT": str(master.ports[0]), "DMLC_NUM_SERVER": str(c.num_ps),
+              "DMLC_NUM_WORKER": str(len(workers))}
+    if iface:
+        shared["DMLC_INTERFACE"] = iface
+    server = (plan.python, "-u", "-m", "disttrain.mx_server")
+    procs = []
+    if node_rank == 0:
+        # ps-lite binds the scheduler to DMLC_PS_ROOT_URI unless DMLC_USE_KUBERNETES=1, which
+        # binds it to every interface (its only effect): MASTER_ADDR may be a name or a VIP.
+        procs.append(ProcessSpec("scheduler", server, {**shared, "DMLC_ROLE": "scheduler",
+                                                       "DMLC_USE_KUBERNETES": "1"}, critical=False))
+        procs += [ProcessSpec(f"server {i}", server, {**shared, "DMLC_ROLE": "server", "DMLC_NODE_HOST": master.addr,
+                                                      "PORT": str(master.ports[1 + i])}, critical=False)
+                  for i in range(c.num_ps)]
+    local = [(rank, w) for rank, w in enumerate(workers) if w.node_rank == node_rank]
+    for rank, w in sorted(local, key=lambda rw: rw[1].local_rank):
+        env = {**shared, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": w.addr, "PORT": str(w.port),
+               **_rank_env(rank, len(workers), w.local_rank, len(local), node_rank)}
+        procs.append(ProcessSpec(f"rank {rank}", script_argv(c, plan.python), env))
+    return procs
+
+
 def mpi_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
     """mpirun starts the entrypoint once per rank; each one sees OMPI_COMM_WORLD_* and runs
     the script directly (ecosystem.py), with RANK/WORLD_SIZE/MASTER_* for torch's env://."""
@@ -482,6 +559,8 @@ def plan_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
         specs = horovod_processes(plan, placement)
     elif fw == "pytorch":
         specs = torchrun_processes(plan, placement)
+    elif fw == "mxnet":
+        specs = mxnet_processes(plan, placement)
     else:
         specs = tensorflow_processes(plan, placement)
     # Tells the in-process guard (disttrain/guard.py) which variable chose this launcher.
@@ -503,7 +582,7 @@ def assumed_placement(plan: NodePlan) -> Placement:
     count = c.num_nodes if plan.mode == "distributed" and not c.elastic else 1
     nodes = []
     for rank in range(count):
-        ports = plan.ports_needed if rank == 0 else plan.nproc
+        ports = plan.nproc + (master_servers(c) if rank == 0 else 0) if plan.ports_needed else 0
         addr = c.master_addr if rank == 0 else f"<node {rank} address>"
         nodes.append(NodeInfo(rank, addr, plan.nproc, tuple(range(20000 + 100 * rank, 20000 + 100 * rank + ports))))
     rank = plan.direct.rank if plan.direct else (c.node_rank or 0)

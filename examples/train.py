@@ -8,6 +8,8 @@
     FRAMEWORK=pytorch  PJRT_DEVICE set (PyTorch/XLA: TPU, or XLA's CPU client) -> pytorch_xla.py
     FRAMEWORK=tensorflow|keras LAUNCHER=native -> tensorflow_mwms.py (tensorflow_ps.py if async)
     FRAMEWORK=tensorflow|keras LAUNCHER=horovod -> keras_horovod.py
+    FRAMEWORK=mxnet    LAUNCHER=native   -> mxnet_kvstore.py (parameter servers: dist_sync, dist_async)
+    FRAMEWORK=mxnet    LAUNCHER=horovod  -> mxnet_horovod.py
 """
 
 import os
@@ -29,6 +31,8 @@ if framework == "pytorch":
         name = "pytorch_hybrid.py"
     else:
         name = "pytorch_horovod.py" if launcher == "horovod" else "pytorch_ddp.py"
+elif framework == "mxnet":
+    name = "mxnet_horovod.py" if launcher == "horovod" else "mxnet_kvstore.py"
 else:
     if launcher == "horovod":
         name = "keras_horovod.py"

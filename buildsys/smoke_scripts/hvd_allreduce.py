@@ -7,6 +7,11 @@ if framework == "pytorch":
     import torch
     hvd.init()
     result = hvd.allreduce(torch.full((4,), float(hvd.rank() + 1)), op=hvd.Sum).tolist()
+elif framework == "mxnet":
+    import horovod.mxnet as hvd
+    import mxnet as mx
+    hvd.init()
+    result = hvd.allreduce(mx.nd.full((4,), float(hvd.rank() + 1)), average=False).asnumpy().tolist()
 else:
     import horovod.tensorflow as hvd
     import tensorflow as tf

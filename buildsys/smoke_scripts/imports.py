@@ -4,7 +4,7 @@ import json
 import os
 
 manifest = json.load(open(os.environ["DISTTRAIN_MANIFEST"]))
-modules = {"pytorch": ["torch"], "tensorflow": ["tensorflow"], "keras": ["tf_keras"]}
+modules = {"pytorch": ["torch"], "tensorflow": ["tensorflow"], "keras": ["tf_keras"], "mxnet": ["mxnet"]}
 found = {}
 for framework in manifest["frameworks"]:
     for name in modules[framework]:
@@ -24,7 +24,8 @@ if manifest.get("horovod"):
     import horovod
     found["horovod"] = horovod.__version__
     for framework in manifest["horovod"]["frameworks"]:
-        importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+        importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow",
+                                 "mxnet": "horovod.mxnet"}[framework])
 if "torch_xla" in manifest["versions"]:
     import libtpu
     import torch_xla

@@ -1,7 +1,8 @@
 #!/bin/bash
 # build-horovod.sh VERSION PATCH_DIR WHEEL_DIR
 # Downloads the Horovod sdist, applies every PATCH_DIR/*.patch in order, and builds a
-# wheel into WHEEL_DIR. The HOROVOD_* build settings come from the environment.
+# wheel into WHEEL_DIR. The HOROVOD_* build settings come from the environment; pip's
+# (PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR) take the sdist from DIR instead of the index.
 set -euo pipefail
 version="$1"; patches="$2"; out="$3"
 here="$(dirname "$0")"
@@ -17,7 +18,7 @@ for patch in "$patches"/*.patch; do
 done
 
 if [ "${HOROVOD_GPU_OPERATIONS:-}" = "NCCL" ]; then
-    # The nvidia-nccl-cu12 wheel ships include/nccl.h and lib/libnccl.so.2 but no
+    # The nvidia-nccl-cu12/-cu13 wheels ship include/nccl.h and lib/libnccl.so.2 but no
     # libnccl.so, which the linker needs: add the link, point Horovod's CMake at it.
     purelib="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     export HOROVOD_NCCL_HOME="$purelib/nvidia/nccl"

@@ -45,9 +45,9 @@ def results(output: str) -> list[Result]:
 
 
 class Node:
-    def __init__(self, env: dict[str, str], args: list[str], log: Path):
-        self.log, self.env, self.args = log, env, args
-        self.proc = subprocess.Popen([sys.executable, "-m", "entrypoint.main", *args], env=env,
+    def __init__(self, env: dict[str, str], args: list[str], log: Path, python: str = sys.executable):
+        self.log, self.env, self.args, self.python = log, env, args, python
+        self.proc = subprocess.Popen([python, "-m", "entrypoint.main", *args], env=env,
                                      stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float) -> int:
@@ -90,7 +90,7 @@ def base_env(tmp: Path, **env) -> dict[str, str]:
             "GRACE_PERIOD": "5", **{k: str(v) for k, v in env.items()}}
 
 
-def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
+def start_job(tmp: Path, nodes: int, args: list[str], python: str = sys.executable, **env) -> list[Node]:
     port = free_port()
     started = []
     for k in range(nodes):
@@ -99,7 +99,7 @@ def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
         if nodes > 1:
             node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
                             NODE_ADDR=f"127.0.0.{k + 1}")
-        started.append(Node(node_env, args, tmp / f"node{k}.log"))
+        started.append(Node(node_env, args, tmp / f"node{k}.log", python))
     return started
 
 
@@ -107,12 +107,13 @@ def add_node(job: list[Node], tmp: Path) -> Node:
     """Another worker for a running job (elastic jobs take it in), on the next loopback address."""
     k = len(job)
     env = {**job[-1].env, "ROLE": "worker", "NODE_ADDR": f"127.0.0.{k + 1}"}
-    job.append(Node(env, job[0].args, tmp / f"node{k}.log"))
+    job.append(Node(env, job[0].args, tmp / f"node{k}.log", job[0].python))
     return job[-1]
 
 
-def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, **env) -> tuple[list[int], str]:
-    job = start_job(tmp, nodes, args, **env)
+def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, python: str = sys.executable,
+            **env) -> tuple[list[int], str]:
+    job = start_job(tmp, nodes, args, python, **env)
     try:
         codes = [node.wait(timeout) for node in job]
     finally:

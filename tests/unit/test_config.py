@@ -119,8 +119,29 @@ def test_empty_values_count_as_unset():
     assert (c.framework, c.num_nodes, c.master_port, c.nccl_env) == ("pytorch", 1, 29500, {})
 
 
-def test_mxnet_is_refused_with_a_reason():
-    assert "MXNet is retired" in error(FRAMEWORK="mxnet")
+def test_mxnet_is_refused_naming_the_variant_that_has_it():
+    message = error(FRAMEWORK="mxnet")
+    assert message.startswith("FRAMEWORK='mxnet': ") and "cpu-mxnet" in message
+    assert "allowed here: pytorch, tensorflow, keras" in message
+
+
+def test_the_variant_named_for_mxnet_carries_it():
+    from buildsys.matrix import load_matrix
+    from entrypoint.config import MXNET_VARIANT
+    from tests.conftest import ROOT
+
+    assert "mxnet" in load_matrix(ROOT / "matrix.yaml").variants[MXNET_VARIANT].frameworks()
+
+
+def test_mxnet_launchers_are_parameter_servers_or_horovod():
+    with_mxnet = FRAMEWORKS + ["mxnet"]
+    assert load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "horovod"}, with_mxnet, LAUNCHERS).launcher == "horovod"
+    c = load_config({"FRAMEWORK": "mxnet", "SYNC_MODE": "async", "NUM_PS": "2"}, with_mxnet, LAUNCHERS)
+    assert (c.launcher, c.sync_mode, c.num_ps) == ("native", "async", 2)
+    with pytest.raises(ConfigError) as info:
+        load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "mpi"}, with_mxnet, LAUNCHERS)
+    assert str(info.value) == ("LAUNCHER='mpi': FRAMEWORK=mxnet runs on MXNet's parameter servers or Horovod; "
+                               "allowed: native, horovod")
 
 
 def test_framework_not_in_this_image():

@@ -93,3 +93,14 @@ def test_to_cpu_copies_nested_state():
     state = {"model": {"w": torch.ones(2, requires_grad=True)}, "steps": [torch.zeros(1), 3], "lr": 0.1}
     copied = dt.to_cpu(state)
     assert copied["model"]["w"].requires_grad is False and copied["steps"][1] == 3 and copied["lr"] == 0.1
+
+
+def test_mxnet_kvstore_type_follows_the_launch():
+    from disttrain.mxnet import kvstore_type
+
+    worker = {"DMLC_ROLE": "worker"}
+    assert kvstore_type(RankInfo.from_env({"SYNC_MODE": "sync"}), worker) == "dist_sync"
+    assert kvstore_type(RankInfo.from_env({"SYNC_MODE": "async"}), worker) == "dist_async"
+    assert kvstore_type(RankInfo.from_env({}), {}) == "local"          # a plain process: no servers
+    with pytest.raises(RuntimeError, match="no Horovod kvstore"):
+        kvstore_type(RankInfo.from_env({"LAUNCHER": "horovod"}), {})

@@ -62,3 +62,8 @@ def test_hook_patches_the_watched_module_when_it_is_imported(tmp_path):
     off = subprocess.run([sys.executable, "-c", code], env={**env, "WORLD_SIZE": "2", "DISTTRAIN_GUARD": "0"},
                          capture_output=True, text=True)
     assert off.returncode == 0
+
+
+def test_horovod_world_of_one_under_mxnet_parameter_servers():
+    line = horovod_split(1, {"WORLD_SIZE": "2", "DISTTRAIN_LAUNCHER": "native", "FRAMEWORK": "mxnet"})
+    assert "MXNet's parameter-server workers" in line and line.endswith("set LAUNCHER=horovod for a Horovod script")

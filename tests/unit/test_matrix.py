@@ -78,9 +78,50 @@ def test_bad_enum_value_lists_choices():
     assert "'rocm'" in message and "'cpu', 'cuda', 'tpu'" in message
 
 
-def test_mxnet_is_not_a_horovod_framework():
-    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(frameworks=["mxnet"]))
-    assert "'mxnet'" in message and "'pytorch', 'tensorflow'" in message
+def test_unknown_horovod_framework_lists_the_choices():
+    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(frameworks=["jax"]))
+    assert "'jax'" in message and "'pytorch', 'tensorflow', 'mxnet'" in message
+
+
+def test_horovod_with_mxnet_needs_mxnet_installed():
+    message = broken(lambda d: d["variants"]["cpu"]["horovod"].update(frameworks=["pytorch", "mxnet"]))
+    assert "field 'horovod.frameworks'" in message and "'mxnet' is not installed" in message
+
+
+def test_mxnet_variant_loads_cpu_only_on_python_3_11():
+    v = load_matrix(ROOT / "matrix.yaml").variants["cpu-mxnet"]
+    assert v.mxnet.version == "1.9.1" and v.accelerator == "cpu" and v.python == "3.11"
+    assert v.frameworks() == ["pytorch", "mxnet"] and v.horovod_frameworks() == ["pytorch", "mxnet"]
+    assert compat.numpy_requirement(v) == "numpy<1.24"
+
+
+def test_mxnet_needs_a_python_with_numpy_below_1_24():
+    message = broken(lambda d: d["variants"]["cu126"].update(mxnet={"version": "1.9.1"}, accelerator="cpu",
+                                                               cuda=None, pytorch={"version": "2.7.1+cpu"},
+                                                               tensorflow=None, horovod={"frameworks": ["pytorch"]}))
+    assert "field 'mxnet.version'" in message and "numpy < 1.24" in message and "Python 3.13" in message
+    assert "3.8..3.11" in message
+
+
+def test_mxnet_on_cuda_is_refused():
+    message = broken(lambda d: d["variants"]["cu124"].update(mxnet={"version": "1.9.1"}))
+    assert "field 'mxnet.version'" in message and "CUDA 11.7" in message and "accelerator 'cpu'" in message
+
+
+def test_mxnet_and_tensorflow_need_a_common_numpy():
+    message = broken(lambda d: d["variants"]["cpu"].update(mxnet={"version": "1.9.1"}))
+    assert "field 'tensorflow.version'" in message and "numpy >= 1.26.0" in message
+    assert "numpy < 1.24" in message and "2.15, 2.16, 2.17" in message
+
+
+def test_mxnet_needs_torch_for_the_job_store():
+    message = broken(lambda d: d["variants"]["cpu-mxnet"].update(pytorch=None, horovod={"frameworks": ["mxnet"]}))
+    assert "field 'pytorch'" in message and "TCPStore" in message
+
+
+def test_unknown_mxnet_release():
+    message = broken(lambda d: d["variants"]["cpu-mxnet"]["mxnet"].update(version="2.0.0"))
+    assert "field 'mxnet.version'" in message and "allowed minors: 1.9" in message
 
 
 def test_missing_required_field():

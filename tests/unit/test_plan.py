@@ -7,9 +7,9 @@ import pytest
 from entrypoint.config import ConfigError, load_config
 from entrypoint.ecosystem import translate
 from entrypoint.hardware import choose_interface
-from entrypoint.plan import Hardware, NodeInfo, Placement, explain, plan_node, plan_processes
+from entrypoint.plan import Hardware, NodeInfo, Placement, assumed_placement, explain, plan_node, plan_processes
 
-FW, LA = ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"]
+FW, LA = ["pytorch", "tensorflow", "keras", "mxnet"], ["native", "horovod", "mpi"]
 CPU2 = Hardware(gpus=0, cpus=2, shm_bytes=64 << 20)
 
 
@@ -141,6 +141,60 @@ def test_tensorflow_async_worker_node_only_serves():
     p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m")
     specs = plan_processes(p, at(1, [NodeInfo(0, "m", 1, (1, 2, 3)), NodeInfo(1, "w", 1, (9,))]))
     assert [(s.label, s.critical) for s in specs] == [("worker 1", False)]
+
+
+def test_mxnet_parameter_servers_on_the_master_workers_everywhere():
+    p = plan(FRAMEWORK="mxnet", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NUM_PS=2, NPROC_PER_NODE=2)
+    assert p.rendezvous.exchange and p.numeric_addr and p.ports_needed == 1 + 2 + 2
+    assert "dist_sync" in p.launcher
+    job = [NodeInfo(0, "10.0.0.1", 2, (50, 51, 52, 61, 60)), NodeInfo(1, "10.0.0.2", 2, (71, 70))]
+    specs = plan_processes(p, at(0, job, iface="eth0"))
+    assert [(s.label, s.critical) for s in specs] == [("scheduler", False), ("server 0", False), ("server 1", False),
+                                                       ("rank 2", True), ("rank 3", True)]
+    for s in specs:
+        assert (s.env["DMLC_PS_ROOT_URI"], s.env["DMLC_PS_ROOT_PORT"]) == ("10.0.0.1", "50")
+        assert (s.env["DMLC_NUM_SERVER"], s.env["DMLC_NUM_WORKER"], s.env["DMLC_INTERFACE"]) == ("2", "4", "eth0")
+    scheduler, server0, server1, rank2, rank3 = specs
+    assert scheduler.env["DMLC_ROLE"] == "scheduler" and scheduler.env["DMLC_USE_KUBERNETES"] == "1"
+    assert scheduler.argv == ("py", "-u", "-m", "disttrain.mx_server")
+    assert (server1.env["DMLC_ROLE"], server1.env["DMLC_NODE_HOST"], server1.env["PORT"]) == ("server", "10.0.0.1", "52")
+    # a node's worker ports ascend with local rank, whatever order the OS gave them
+    assert [(s.env["DMLC_ROLE"], s.env["PORT"], s.env["LOCAL_RANK"]) for s in (rank2, rank3)] == \
+        [("worker", "60", "0"), ("worker", "61", "1")]
+    assert (rank2.env["RANK"], rank2.env["WORLD_SIZE"], rank2.env["NODE_RANK"]) == ("2", "4", "0")
+    assert rank2.argv == ("py", "-u", "/app/code/train.py", "--steps", "3")
+
+
+def test_mxnet_ranks_follow_the_scheduler_addresses_descending_then_ports():
+    """ps-lite numbers the workers by address (descending, as strings), then port."""
+    p = plan(FRAMEWORK="mxnet", NUM_NODES=3, ROLE="worker", MASTER_ADDR="m", SYNC_MODE="async")
+    assert p.ports_needed == 1 and "dist_async" in p.launcher
+    job = [NodeInfo(0, "10.0.0.9", 1, (1, 2, 30)), NodeInfo(1, "10.0.0.10", 1, (40,)), NodeInfo(2, "10.0.0.2", 1, (50,))]
+    ranks = {n: plan_processes(p, at(n, job))[0].env["RANK"] for n in (1, 2)}
+    assert ranks == {1: "2", 2: "1"}                     # '10.0.0.9' > '10.0.0.2' > '10.0.0.10'
+    assert [s.label for s in plan_processes(p, at(1, job))] == ["rank 2"]
+
+
+def test_mxnet_local_and_horovod():
+    local = plan(FRAMEWORK="mxnet", NPROC_PER_NODE=2)
+    assert local.rendezvous is None and local.ports_needed == 4
+    specs = plan_processes(local, at(0, [NodeInfo(0, "127.0.0.1", 2, (5, 6, 7, 8))]))
+    assert [s.label for s in specs] == ["scheduler", "server 0", "rank 0", "rank 1"]
+    hvd = plan(FRAMEWORK="mxnet", LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
+    assert hvd.ports_needed == 0 and not hvd.numeric_addr
+    assert "HOROVOD_RANK" in plan_processes(hvd, at(0, nodes(1, 1), horovod_port=1))[0].env
+
+
+def test_mxnet_parameter_servers_need_the_entrypoint_not_an_outer_launcher():
+    with pytest.raises(ConfigError, match="FRAMEWORK=mxnet with LAUNCHER=native under mpirun"):
+        plan(FRAMEWORK="mxnet", OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_SIZE=2)
+
+
+def test_explain_on_a_worker_assumes_the_masters_servers():
+    for env in (dict(FRAMEWORK="tensorflow", SYNC_MODE="async"), dict(FRAMEWORK="mxnet")):
+        p = plan(NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2, **env)
+        text = explain(p, plan_processes(p, assumed_placement(p)), {})
+        assert "server" in text
 
 
 def test_local_mpi_launcher_reenters_the_entrypoint_per_rank():

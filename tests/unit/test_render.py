@@ -92,7 +92,7 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         sdist.extractall(tmp_path, filter="data")
     src = tmp_path / "horovod-0.28.1"
     patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
-    assert len(patches) == 5
+    assert len(patches) == 6
     for patch in patches:
         result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
                                  str(patch)], capture_output=True, text=True)
@@ -103,6 +103,8 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
     for module in ("__init__.py", "callbacks.py"):
         keras = (src / "horovod/tensorflow/keras" / module).read_text()
         assert "K = tf.keras.backend" in keras and "from keras import backend" not in keras
+    torch_cmake = (src / "horovod/torch/CMakeLists.txt").read_text()
+    assert torch_cmake.index("set(CMAKE_CXX_STANDARD 17)") < torch_cmake.index("set(CMAKE_CXX_STANDARD 20)")
 
 
 def test_labels_carry_every_component_version():
@@ -193,3 +195,26 @@ def test_built_without_torchvision_says_so():
     assert labels["io.disttrain.without"] == "torchvision" and "io.disttrain.version.torchvision" not in labels
     full = dict(render.labels(MATRIX.variants["cpu"]))
     assert full["io.disttrain.version.torchvision"] == "0.28.0+cpu" and "io.disttrain.without" not in full
+
+
+def test_mxnet_variant_pins_numpy_and_builds_horovod_with_mxnet():
+    v = MATRIX.variants["cpu-mxnet"]
+    runtime = render.requirements(v)["runtime.txt"].splitlines()
+    assert "numpy<1.24" in runtime and "mxnet==1.9.1" in runtime and "torch==2.13.0+cpu" in runtime
+    assert "tensorflow" not in "".join(runtime)
+    env = dict(render.horovod_env(v))
+    assert env["HOROVOD_WITH_MXNET"] == "1" and env["HOROVOD_WITH_PYTORCH"] == "1"
+    assert env["HOROVOD_WITHOUT_TENSORFLOW"] == "1" and "HOROVOD_WITHOUT_MXNET" not in env
+    manifest = render.manifest(v)
+    assert manifest["frameworks"] == ["pytorch", "mxnet"] and manifest["versions"]["mxnet"] == "1.9.1"
+    assert manifest["horovod"]["frameworks"] == ["pytorch", "mxnet"]
+    assert dict(render.labels(v))["io.disttrain.version.mxnet"] == "1.9.1"
+    base = render.render_dockerfile(v).split("AS builder", 1)[0]
+    assert "libgomp1 libquadmath0" in base        # libmxnet.so needs them at run time, not only to build
+
+
+def test_other_variants_build_horovod_without_mxnet_and_keep_numpy_unbounded():
+    for name in ("cpu", "cpu-pytorch", "cu124"):
+        v = MATRIX.variants[name]
+        assert dict(render.horovod_env(v))["HOROVOD_WITHOUT_MXNET"] == "1"
+        assert "numpy" in render.requirements(v)["runtime.txt"].splitlines()

@@ -1,0 +1,77 @@
+"""MXNet through the entrypoint, without Docker: parameter servers (dist_sync, dist_async)
+and Horovod, as two nodes on loopback or one node with two processes.
+
+MXNet 1.9.1 needs numpy < 1.24, which TensorFlow 2.21 in the cpu venv cannot share, so
+these tests run the entrypoint with a second interpreter: MXNET_PYTHON, else
+.venv-mxnet/bin/python (`make mxnet-venv` builds it from the cpu-mxnet image's pins and
+its Horovod wheel; `make test-mxnet` builds it and runs these). Without one they are
+skipped, saying so.
+"""
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.e2e.cluster import results, run_job, start_job, wait_for
+
+pytestmark = pytest.mark.e2e
+
+PYTHON = os.environ.get("MXNET_PYTHON") or str(ROOT / ".venv-mxnet" / "bin" / "python")
+if not Path(PYTHON).exists():
+    pytest.skip(f"no MXNet venv at {PYTHON} (run `make test-mxnet`, or set MXNET_PYTHON to a Python with "
+                f"mxnet 1.9.1, torch and Horovod built with MXNet)", allow_module_level=True)
+
+SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
+LABELLED_RESULT = re.compile(r"^\[rank (\d+)\] RESULT framework=\S+ rank=(\d+)", re.M)
+
+
+def check_trained(output: str, world: int, agree: bool = True):
+    found = results(output)
+    assert sorted(r.rank for r in found) == list(range(world)), output[-4000:]
+    if agree:
+        assert len({r.digest for r in found}) == 1, f"replicas disagree: {[(r.rank, r.digest) for r in found]}"
+    for r in found:
+        assert r.world == world
+        assert r.after < 0.5 * r.before, f"loss did not go down: {r}"
+    return found
+
+
+@pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
+@pytest.mark.parametrize("sync", ["sync", "async"])
+def test_parameter_servers_train(tmp_path, sync, nodes, nproc):
+    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
+                            SYNC_MODE=sync, NPROC_PER_NODE=nproc)
+    assert codes == [0] * nodes, output[-4000:]
+    found = check_trained(output, nodes * nproc, agree=sync == "sync")
+    assert {r.extra.split()[0] for r in found} == {f"kvstore=dist_{sync}"}
+    assert "serving scheduler" in output and "serving server" in output
+    # The entrypoint's RANK (the log label) is the rank MXNet's scheduler gave the worker.
+    assert sorted(LABELLED_RESULT.findall(output)) == [(str(r), str(r)) for r in range(nodes * nproc)], output[-3000:]
+
+
+@pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
+def test_horovod_trains(tmp_path, nodes, nproc):
+    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
+                            LAUNCHER="horovod", NPROC_PER_NODE=nproc)
+    assert codes == [0] * nodes, output[-4000:]
+    found = check_trained(output, nodes * nproc)
+    assert {r.framework for r in found} == {"horovod-mxnet"}
+    assert "Traceback" not in output, output[-3000:]          # e.g. an op still pending at exit
+
+
+@pytest.mark.parametrize("launcher", ["native", "horovod"])
+def test_killed_worker_ends_every_process_within_30s(tmp_path, launcher):
+    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
+                    python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher)
+    master, worker = job
+    wait_for(master, "TRAINING", 120)
+    time.sleep(2)
+    killed_at = time.monotonic()
+    worker.kill_tree()
+    code = master.wait(timeout=60)
+    assert code != 0
+    assert time.monotonic() - killed_at < 30, master.output[-3000:]
