@@ -4,6 +4,8 @@ Two "nodes" are two entrypoint processes on distinct loopback addresses. Each ru
 with identical parameters on every rank and a lower loss.
 """
 
+import re
+import shutil
 import signal
 import time
 
@@ -37,8 +39,19 @@ def test_training_converges_and_replicas_agree(tmp_path, framework, launcher, no
     check_trained(output, nodes * nproc)
 
 
-def test_hybrid_parallel_2x2_mesh_on_4_processes(tmp_path):
-    codes, output = run_job(tmp_path, 1, ["--steps", "40"], PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+def shard_lines(output: str, kind: str, step: int) -> dict[int, tuple[str, str]]:
+    """rank -> (shard digest, full digest) from the hybrid example's SAVED/RESUMED lines."""
+    found = re.findall(rf"{kind} rank=(\d+) step={step} shard=(\w+) full=(\w+)", output)
+    return {int(rank): (shard, full) for rank, shard, full in found}
+
+
+def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(tmp_path):
+    """A (dp 2 x tp 2) mesh on 4 processes: every rank saves its own shards (DCP); a rerun
+    resumes from step 20 with the saved shards and ends where the uninterrupted run did;
+    the step-20 checkpoint also loads at another world size and TP_SIZE."""
+    hybrid = dict(PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+    args = ["--steps", "40", "--checkpoint-every", "20"]
+    codes, output = run_job(tmp_path, 1, args, **hybrid)
     assert codes == [0], output[-4000:]
     found = results(output)
     assert len(found) == 4
@@ -49,6 +62,27 @@ def test_hybrid_parallel_2x2_mesh_on_4_processes(tmp_path):
         assert r.after < 0.5 * r.before
     assert len(by_tp) == 2 and all(len(d) == 1 for d in by_tp.values()), by_tp   # dp replicas agree
     assert len(set.union(*by_tp.values())) == 2                                    # tp shards differ
+    uninterrupted = {r.rank: r.digest for r in found}
+    saved = shard_lines(output, "SAVED", 20)
+    assert sorted(saved) == [0, 1, 2, 3] and len({full for _, full in saved.values()}) == 1, output[-3000:]
+
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000020.dcp", "ckpt-00000040.dcp"]
+    shutil.copytree(checkpoints / "ckpt-00000020.dcp", tmp_path / "resharded" / "ckpt-00000020.dcp")
+    shutil.rmtree(checkpoints / "ckpt-00000040.dcp")          # as if the job had died after step 20
+    codes, output = run_job(tmp_path, 1, args, **hybrid)
+    assert codes == [0], output[-4000:]
+    assert shard_lines(output, "RESUMED", 20) == saved, output[-3000:]        # every shard as saved
+    assert {r.rank: r.digest for r in results(output)} == uninterrupted        # and the same end
+
+    # World size 4 (tp 2) -> 1 (tp 1): DCP reshards the tp shards into whole tensors.
+    codes, output = run_job(tmp_path, 1, args, CHECKPOINT_DIR=tmp_path / "resharded",
+                            PARALLEL_MODE="model_parallel", NPROC_PER_NODE=1)
+    assert codes == [0], output[-4000:]
+    full_at_20 = next(iter(saved.values()))[1]
+    assert shard_lines(output, "RESUMED", 20) == {0: (full_at_20, full_at_20)}, output[-3000:]
+    [alone] = results(output)
+    assert alone.world == 1 and alone.after < alone.before
 
 
 def test_pytorch_async_local_sgd(tmp_path):

@@ -60,6 +60,47 @@ def test_checkpoint_keeps_the_last_few_and_leaves_no_temp_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pkl", "ckpt-00000005.pkl"]
 
 
+def test_checkpoint_pruning_counts_each_kind_and_never_sees_temporary_names(tmp_path):
+    for name in ("ckpt-00000010.pt", "ckpt-00000020.pt", "ckpt-00000030.pt", ".ckpt-00000040.pt.tmp-7",
+                 "ckpt-00000005.dcp", "ckpt-00000025.dcp", ".ckpt-00000035.dcp.tmp", "notes.txt"):
+        (tmp_path / name).touch()
+    assert checkpoint.checkpoints(tmp_path, "pt") == [(10, "ckpt-00000010.pt"), (20, "ckpt-00000020.pt"),
+                                                      (30, "ckpt-00000030.pt")]
+    assert checkpoint.latest(str(tmp_path)) == (30, tmp_path / "ckpt-00000030.pt")
+    assert checkpoint.latest(str(tmp_path), "dcp") == (25, tmp_path / "ckpt-00000025.dcp")
+    assert checkpoint.to_remove(checkpoint.checkpoints(tmp_path, "pt"), 2) == ["ckpt-00000010.pt"]
+    assert checkpoint.to_remove(checkpoint.checkpoints(tmp_path, "pt"), 0) == []
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")       # one process, on purpose
+def test_sharded_checkpoint_saves_loads_keeps_the_last_few_and_ignores_a_crashed_save(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()                                    # momentum buffers: optimizer state to save
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in (10, 20, 30):
+        checkpoint.save_sharded(step, model, optimizer, directory=str(tmp_path), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000020.dcp", "ckpt-00000030.dcp"]
+
+    # A save that died mid-write leaves only its temporary folder: 'latest' never sees it.
+    crashed = tmp_path / ".ckpt-00000040.dcp.tmp"
+    crashed.mkdir()
+    (crashed / "__0_0.distcp").write_bytes(b"trunc")
+    fresh = torch.nn.Linear(4, 2)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    assert checkpoint.load_sharded(fresh, fresh_opt, directory=str(tmp_path)) == 30
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["momentum_buffer"],
+                       optimizer.state_dict()["state"][0]["momentum_buffer"])
+    # The replicated API never picks a sharded folder, and a new save replaces the debris.
+    assert checkpoint.load_latest(str(tmp_path)) is None
+    checkpoint.save_sharded(40, model, directory=str(tmp_path), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000030.dcp", "ckpt-00000040.dcp"]
+    assert checkpoint.load_sharded(torch.nn.Linear(4, 2), directory=str(tmp_path / "empty")) == 0
+
+
 def test_tf_chief_is_the_chief_task_or_worker_0(monkeypatch):
     from disttrain import tf as dtf
 
