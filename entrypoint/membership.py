@@ -76,7 +76,7 @@ class JobStore:
                 raise RendezvousError(f"cannot serve the job store on port {c.master_port} (MASTER_PORT): "
                                       f"{str(exc).splitlines()[0]}") from None
             return
-        last = "no attempt"
+        last, waited = "no attempt", False
         while time.monotonic() < deadline:
             # Probe quietly first (DNS, then TCP): TCPStore logs every failed attempt with a
             # C++ stack trace, and a worker routinely starts before its master.
@@ -85,7 +85,14 @@ class JobStore:
                 try:
                     self.store = TCPStore(c.master_addr, c.master_port, is_master=False, wait_for_workers=False,
                                           timeout=dt.timedelta(seconds=max(5.0, c.rdzv_timeout)))
-                    return
+                    if not (self._has("job/launch") or self._has("job/abort")):
+                        return
+                    # A node restarted after a failure (compose `restart: on-failure`) finds the
+                    # job it left still ending: it joins the master's next start instead.
+                    if not waited:
+                        print(f"entrypoint: the job at {self.endpoint} started without this node; waiting "
+                              f"for it to end, to join its next start", flush=True)
+                    self.store, last, waited = None, "the job there had started without this node", True
                 except (RuntimeError, ValueError) as exc:
                     last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             time.sleep(1.0)

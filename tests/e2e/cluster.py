@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,12 @@ def results(output: str) -> list[Result]:
 
 class Node:
     def __init__(self, env: dict[str, str], args: list[str], log: Path):
-        self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "entrypoint.main", *args], env=env,
-                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.log, self.env, self.args = log, env, args
+        self.proc = self._start("w")
+
+    def _start(self, mode: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "entrypoint.main", *self.args], env=self.env,
+                                stdout=open(self.log, mode), stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
@@ -61,12 +65,50 @@ class Node:
         """The node dies: the entrypoint and every process it started (as a container would)."""
         import psutil
 
-        root = psutil.Process(self.proc.pid)
-        for p in [root] + root.children(recursive=True):
+        try:
+            root = psutil.Process(self.proc.pid)
+            tree = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for p in tree:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+class RestartingNode(Node):
+    """A node under Docker's `restart: on-failure:<limit>`: started again, after a delay that
+    doubles from 0.1 s, each time it exits non-zero. Its output is every run's, appended."""
+
+    def __init__(self, env: dict[str, str], args: list[str], log: Path, limit: int = 5):
+        super().__init__(env, args, log)
+        self.codes: list[int] = []
+        self._done, self._stopping = threading.Event(), False
+        threading.Thread(target=self._restart, args=(limit,), daemon=True).start()
+
+    def _restart(self, limit: int) -> None:
+        delay = 0.1
+        while True:
+            code = self.proc.wait()
+            self.codes.append(code)
+            if code == 0 or len(self.codes) > limit or self._stopping:
+                break
+            time.sleep(delay)
+            delay *= 2
+            self.proc = self._start("a")
+        self._done.set()
+
+    def wait(self, timeout: float) -> int:
+        """The last run's exit code, once the node is not restarted any more."""
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.codes[-1]
+
+    def stop(self) -> None:
+        """No more restarts; kill what runs."""
+        self._stopping = True
+        self.kill_tree()
 
 
 def base_env(tmp: Path, **env) -> dict[str, str]:
@@ -78,7 +120,8 @@ def base_env(tmp: Path, **env) -> dict[str, str]:
             "GRACE_PERIOD": "5", **{k: str(v) for k, v in env.items()}}
 
 
-def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
+def start_job(tmp: Path, nodes: int, args: list[str], restart: bool = False, **env) -> list[Node]:
+    """`restart`: every node restarts on failure, as under compose/restart.yml."""
     port = free_port()
     started = []
     for k in range(nodes):
@@ -87,7 +130,7 @@ def start_job(tmp: Path, nodes: int, args: list[str], **env) -> list[Node]:
         if nodes > 1:
             node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
                             NODE_ADDR=f"127.0.0.{k + 1}")
-        started.append(Node(node_env, args, tmp / f"node{k}.log"))
+        started.append((RestartingNode if restart else Node)(node_env, args, tmp / f"node{k}.log"))
     return started
 
 

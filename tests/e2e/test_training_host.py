@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results, run_job, start_job, wait_for
+from tests.e2e.cluster import Node, results, run_job, start_job, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -158,3 +158,57 @@ def test_a_rank_crashing_at_exit_never_strands_its_peer(tmp_path):
     assert output.count("ALLREDUCED") == 2, output[-3000:]
     assert codes[1] != 0 and codes[0] != 0, codes
     assert elapsed < 40, elapsed
+
+
+def resumed_steps(output: str) -> dict[int, int]:
+    return {int(rank): int(step) for rank, step in re.findall(r"RESUMED rank=(\d+) step=(\d+)", output)}
+
+
+def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backup(tmp_path):
+    """compose/restart.yml on loopback: the worker node dies mid-training, the master's
+    processes fail, both nodes are started again (exit != 0), and the job continues from
+    the last backup (Keras BackupAndRestore, written by rank 0), not from step 0."""
+    job = start_job(tmp_path, 2, ["--steps", "150", "--step-delay", "0.04", "--checkpoint-every", "20"],
+                    restart=True, FRAMEWORK="keras", LAUNCHER="horovod")
+    master, worker = job
+    try:
+        wait_for(master, "step 60 ", 180)
+        worker.kill_tree()
+        codes = [node.wait(240) for node in job]
+    finally:
+        for node in job:
+            node.stop()
+    output = master.output + worker.output
+    assert codes == [0, 0] and master.codes[0] != 0 and worker.codes[0] == -9, \
+        (master.codes, worker.codes, output[-4000:])
+    resumed = resumed_steps(output)
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
+    assert 60 <= resumed[0] < 150 and resumed[0] % 20 == 0, resumed     # the last backup before the kill
+    check_trained(output, 2)
+
+
+def test_restarted_tf_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path):
+    """The race compose's restart policy creates: the killed worker's replacement reaches
+    the master before the master has noticed the loss. It waits (no exit 3, no wasted
+    restart), the master fails and is restarted, and the job resumes from its backup."""
+    args = ["--steps", "200", "--step-delay", "0.04", "--checkpoint-every", "20"]
+    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK="tensorflow")
+    replacement = None
+    try:
+        wait_for(master, "TRAINING", 180)
+        replacement = Node(worker.env, args, tmp_path / "replacement.log")
+        wait_for(replacement, "started without this node; waiting", 60)
+        wait_for(master, "step 60 ", 60)
+        worker.stop()
+        assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
+    finally:
+        master.stop()
+        worker.stop()
+        if replacement:
+            replacement.kill_tree()
+    assert master.codes[0] == 1 and len(master.codes) == 2, master.codes
+    output = master.output + replacement.output
+    resumed = resumed_steps(output)
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
+    assert 60 <= resumed[0] < 200 and resumed[0] % 20 == 0, resumed
+    check_trained(output, 2)
