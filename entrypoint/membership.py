@@ -85,13 +85,14 @@ class JobStore:
                 try:
                     self.store = TCPStore(c.master_addr, c.master_port, is_master=False, wait_for_workers=False,
                                           timeout=dt.timedelta(seconds=max(5.0, c.rdzv_timeout)))
-                    if not (self._has("job/launch") or self._has("job/abort")):
+                    if not self._no_place_for_us():
                         return
                     # A node restarted after a failure (compose `restart: on-failure`) finds the
                     # job it left still ending: it joins the master's next start instead.
                     if not waited:
-                        print(f"entrypoint: the job at {self.endpoint} started without this node; waiting "
-                              f"for it to end, to join its next start", flush=True)
+                        print(f"entrypoint: the job at {self.endpoint} started without this node (all "
+                              f"NUM_NODES={c.num_nodes} had joined); waiting for it to end, to join its "
+                              f"next start", flush=True)
                     self.store, last, waited = None, "the job there had started without this node", True
                 except (RuntimeError, ValueError) as exc:
                     last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -99,6 +100,12 @@ class JobStore:
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after "
                               f"RDZV_TIMEOUT={c.rdzv_timeout}s (is the master running and the port "
                               f"reachable?); last error: {last}")
+
+    def _no_place_for_us(self) -> bool:
+        """The job this store serves has every node it needs, or is ending: no place for us."""
+        if self._has("job/launch") or self._has("job/abort"):
+            return True
+        return not self.config.elastic and all(self._has(f"node/{k}/info") for k in range(self.config.num_nodes))
 
     def _key(self, name: str) -> str:
         return self.prefix + name

@@ -187,17 +187,19 @@ def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backu
     check_trained(output, 2)
 
 
-def test_restarted_tf_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path):
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_restarted_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path, framework):
     """The race compose's restart policy creates: the killed worker's replacement reaches
     the master before the master has noticed the loss. It waits (no exit 3, no wasted
-    restart), the master fails and is restarted, and the job resumes from its backup."""
-    args = ["--steps", "200", "--step-delay", "0.04", "--checkpoint-every", "20"]
-    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK="tensorflow")
+    restart), the master fails and is restarted, and the job resumes from its last
+    checkpoint (PyTorch) or Keras backup (TensorFlow)."""
+    args = ["--steps", "300", "--step-delay", "0.04", "--checkpoint-every", "20"]
+    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK=framework)
     replacement = None
     try:
-        wait_for(master, "TRAINING", 180)
+        wait_for(master, "entrypoint: starting", 180)        # every node has joined
         replacement = Node(worker.env, args, tmp_path / "replacement.log")
-        wait_for(replacement, "started without this node; waiting", 60)
+        wait_for(replacement, "started without this node", 60)
         wait_for(master, "step 60 ", 60)
         worker.stop()
         assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
@@ -210,5 +212,5 @@ def test_restarted_tf_worker_arriving_while_its_job_still_runs_joins_the_next_st
     output = master.output + replacement.output
     resumed = resumed_steps(output)
     assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
-    assert 60 <= resumed[0] < 200 and resumed[0] % 20 == 0, resumed
+    assert 60 <= resumed[0] < 300 and resumed[0] % 20 == 0, resumed
     check_trained(output, 2)
