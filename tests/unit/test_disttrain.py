@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -134,3 +135,46 @@ def test_to_cpu_copies_nested_state():
     state = {"model": {"w": torch.ones(2, requires_grad=True)}, "steps": [torch.zeros(1), 3], "lr": 0.1}
     copied = dt.to_cpu(state)
     assert copied["model"]["w"].requires_grad is False and copied["steps"][1] == 3 and copied["lr"] == 0.1
+
+
+def test_keras_backup_resumes_where_training_stopped_and_only_rank_0_writes(tmp_path, monkeypatch):
+    """disttrain.tf.backup_and_restore with real tf-keras in one process: a fit interrupted
+    after 14 steps resumes at the step-10 backup; the final step is backed up too; a second
+    rank (Horovod, mpirun: no multi-worker strategy) restores but never writes."""
+    pytest.importorskip("tf_keras")
+    import numpy as np
+    from disttrain import tf as dtf
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras = dtf.keras()
+    x, y = np.ones((256, 4), np.float32), np.zeros((256, 1), np.float32)     # 32 batches
+
+    def fit(steps, *callbacks):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        seen = []
+        count = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, _: seen.append(batch))
+        model.fit(x, y, batch_size=8, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[*callbacks, count])
+        return seen
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 13:
+                raise RuntimeError("killed")
+
+    folder = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(25, dtf.backup_and_restore(every=10, directory=folder), Crash())
+    restored = []
+    assert fit(25, dtf.backup_and_restore(every=10, directory=folder, on_restore=restored.append)) == \
+        list(range(10, 25))
+    assert restored == [10]
+    again = dtf.backup_and_restore(every=10, directory=folder)
+    assert fit(25, again) == [] and again.resumed_step == 25               # the final step was backed up
+
+    monkeypatch.setenv("RANK", "1")
+    other = str(tmp_path / "rank1")
+    assert fit(25, dtf.backup_and_restore(every=10, directory=other)) == list(range(25))
+    assert not os.path.exists(os.path.join(other, "chief", "checkpoint"))   # rank 0 writes, not rank 1
