@@ -332,7 +332,10 @@ def test_compose_restart_resumes_tensorflow_from_its_backup_after_a_worker_dies(
     job.compose("up", "-d", check=True)
     job.wait_for_log("step 60 ", 240, service="master")
     [worker] = job.containers("worker")
+    killed = time.monotonic()
     docker("exec", "-u", "0", worker["ID"], "sh", "-c", "kill -9 -1", check=False)    # every process but PID 1
+    job.wait_for_log("RESUMED rank=0", 240, service="master")
+    print(f"kill -> training resumed from the backup: {time.monotonic() - killed:.1f} s")
     job.wait_exited(300)
     codes, restarts, output = job.exit_codes(), job.restart_counts(), job.logs()
     assert set(codes.values()) == {0}, (codes, restarts, output[-4000:])
