@@ -84,7 +84,7 @@ class RestartingNode(Node):
     def __init__(self, env: dict[str, str], args: list[str], log: Path, limit: int = 5):
         super().__init__(env, args, log)
         self.codes: list[int] = []
-        self._done, self._stopping = threading.Event(), False
+        self._done, self._stopping, self._lock = threading.Event(), False, threading.Lock()
         threading.Thread(target=self._restart, args=(limit,), daemon=True).start()
 
     def _restart(self, limit: int) -> None:
@@ -92,11 +92,14 @@ class RestartingNode(Node):
         while True:
             code = self.proc.wait()
             self.codes.append(code)
-            if code == 0 or len(self.codes) > limit or self._stopping:
+            if code == 0 or len(self.codes) > limit:
                 break
             time.sleep(delay)
             delay *= 2
-            self.proc = self._start("a")
+            with self._lock:
+                if self._stopping:
+                    break
+                self.proc = self._start("a")
         self._done.set()
 
     def wait(self, timeout: float) -> int:
@@ -107,8 +110,9 @@ class RestartingNode(Node):
 
     def stop(self) -> None:
         """No more restarts; kill what runs."""
-        self._stopping = True
-        self.kill_tree()
+        with self._lock:
+            self._stopping = True
+            self.kill_tree()
 
 
 def base_env(tmp: Path, **env) -> dict[str, str]:
