@@ -1,8 +1,23 @@
-"""Checkpoints that only rank 0 writes and every rank can resume from.
+"""Checkpoints that fit the parallel layout, with one naming, atomic write and keep-last-N.
 
-Files are `<CHECKPOINT_DIR>/ckpt-<step>.<ext>`, written to a temporary name and renamed,
-so a crash mid-write never leaves a truncated 'latest'. The framework's own serializer is
-passed in (torch.save / torch.load, or pickle for NumPy weights).
+Replicated state (data parallelism: every rank holds the same model): rank 0 writes
+`<CHECKPOINT_DIR>/ckpt-<step>.<ext>` with the framework's own serializer (torch.save /
+torch.load, or pickle for NumPy weights) and every rank resumes from it:
+
+    checkpoint.save(state, step, writer=torch.save, ext="pt")        # rank 0 writes
+    step, state = checkpoint.load_latest(reader=torch.load)          # every rank reads
+
+Sharded state (PARALLEL_MODE=model_parallel or hybrid: each tensor-parallel rank holds a
+different shard): every rank writes its own shards with torch.distributed.checkpoint into
+the folder `<CHECKPOINT_DIR>/ckpt-<step>.dcp`, and loading reshards to the layout of the
+loading job, which may have another world size or TP_SIZE:
+
+    checkpoint.save_sharded(step, model, optimizer)                  # every rank (collective)
+    start = checkpoint.load_sharded(model, optimizer)                # every rank; 0 if none
+
+Both are written under a temporary name and renamed, so a crash mid-write never leaves a
+truncated 'latest', and both keep the last `keep` checkpoints of their kind. Sharded
+checkpoints need CHECKPOINT_DIR on storage every node shares (the compose file's volume).
 """
 
 from __future__ import annotations
@@ -10,22 +25,47 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from .env import context
 
 NAME_RE = re.compile(r"^ckpt-(\d+)\.(\w+)$")
+SHARDED_EXT = "dcp"
 
 
-def latest(directory: str | None = None) -> tuple[int, Path] | None:
-    """(step, path) of the newest checkpoint, or None."""
-    folder = Path(directory or context().checkpoint_dir)
+def checkpoints(folder: Path, ext: str | None = None) -> list[tuple[int, str]]:
+    """(step, name) of the finished checkpoints in `folder`, oldest first; temporary names
+    (a save in progress, or one that crashed) never match."""
     if not folder.is_dir():
-        return None
-    found = [(int(m.group(1)), folder / name) for name in os.listdir(folder) if (m := NAME_RE.match(name))]
-    return max(found) if found else None
+        return []
+    found = [(int(m.group(1)), m.group(2), name) for name in os.listdir(folder) if (m := NAME_RE.match(name))]
+    return sorted((step, name) for step, kind, name in found if ext is None or kind == ext)
 
+
+def to_remove(found: list[tuple[int, str]], keep: int) -> list[str]:
+    """The names beyond the newest `keep` (keep <= 0 keeps everything)."""
+    return [name for _, name in found[:-keep]] if keep > 0 else []
+
+
+def latest(directory: str | None = None, ext: str | None = None) -> tuple[int, Path] | None:
+    """(step, path) of the newest checkpoint (of extension `ext`, if given), or None."""
+    folder = Path(directory or context().checkpoint_dir)
+    found = checkpoints(folder, ext)
+    return (found[-1][0], folder / found[-1][1]) if found else None
+
+
+def _prune(folder: Path, keep: int, ext: str) -> None:
+    for name in to_remove(checkpoints(folder, ext), keep):
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- replicated
 
 def save(state: Any, step: int, directory: str | None = None, rank: int | None = None,
          writer: Callable[[Any, Any], None] | None = None, ext: str = "pkl", keep: int = 3) -> Path | None:
@@ -42,17 +82,95 @@ def save(state: Any, step: int, directory: str | None = None, rank: int | None =
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
-    old = sorted((int(m.group(1)), name) for name in os.listdir(folder) if (m := NAME_RE.match(name)))
-    for _, name in old[:-keep] if keep > 0 else []:
-        (folder / name).unlink(missing_ok=True)
+    _prune(folder, keep, ext)
     return target
 
 
 def load_latest(directory: str | None = None, reader: Callable[[Any], Any] | None = None) -> tuple[int, Any] | None:
-    """(step, state) of the newest checkpoint, read by every rank; None if there is none."""
-    found = latest(directory)
-    if found is None:
+    """(step, state) of the newest checkpoint file, read by every rank; None if there is none."""
+    folder = Path(directory or context().checkpoint_dir)
+    files = [(step, name) for step, name in checkpoints(folder) if not (folder / name).is_dir()]
+    if not files:
         return None
-    step, path = found
-    with open(path, "rb") as f:
+    step, name = files[-1]
+    with open(folder / name, "rb") as f:
         return step, (reader or pickle.load)(f)
+
+
+# --------------------------------------------------------------------------- sharded
+
+class _TrainState:
+    """Model and optimizer as torch.distributed.checkpoint's Stateful: state dicts keyed by
+    parameter name (not by optimizer slot), with DTensor shards, so DCP can reshard them."""
+
+    def __init__(self, model, optimizer=None):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+
+
+def _rank() -> int | None:
+    """This process's rank in the torch.distributed group, None without one."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if _rank() is not None:
+        dist.barrier()
+
+
+def save_sharded(step: int, model, optimizer=None, directory: str | None = None, keep: int = 3) -> Path:
+    """Every rank calls this together: each writes its own shards of `model` (and
+    `optimizer`) as step `step`. Rank 0 publishes the folder once all shards are written
+    and keeps the last `keep`. Returns the checkpoint's folder."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(directory or context().checkpoint_dir)
+    target = folder / f"ckpt-{step:08d}.{SHARDED_EXT}"
+    tmp = folder / f".{target.name}.tmp"
+    rank = _rank()
+    if not rank:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)          # what a save that crashed left behind
+    _barrier()
+    # Returns on every rank once the coordinator has written the metadata, i.e. once every
+    # rank's shards are on disk.
+    dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(tmp))
+    if not rank:
+        shutil.rmtree(target, ignore_errors=True)       # the same step saved again
+        os.replace(tmp, target)
+        _prune(folder, keep, SHARDED_EXT)
+    _barrier()                                          # nobody reads 'latest' before it exists
+    return target
+
+
+def load_sharded(model, optimizer=None, directory: str | None = None) -> int:
+    """Every rank calls this together: load the newest sharded checkpoint into `model` (and
+    `optimizer`) in place, resharded to their current layout. Returns its step, 0 if none."""
+    import torch.distributed.checkpoint as dcp
+
+    found = latest(directory, SHARDED_EXT)
+    if found is None:
+        return 0
+    step, path = found
+    dcp.load({"train": _TrainState(model, optimizer)}, checkpoint_id=str(path))
+    return step

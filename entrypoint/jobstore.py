@@ -114,6 +114,10 @@ class JobStore:
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
                               f"(is the master running and the port reachable?); last error: {last}")
 
+    def disconnect(self) -> None:
+        """Drop the client connection (a later connect() makes a new one)."""
+        self.store = None
+
     @property
     def connected(self) -> bool:
         return self.store is not None

@@ -100,8 +100,7 @@ class Job:
             self.log.say(f"WARNING: MASTER_ADDR={c.master_addr!r} does not resolve (yet); retrying for up to "
                          f"RDZV_TIMEOUT={c.rdzv_timeout}s")
         self.log.say(f"{'serving' if self.master else 'joining'} the job store at {store.endpoint}")
-        store.connect(deadline, cancelled=lambda: self.signals.received is not None)
-        self._check_signals()
+        self._connect(deadline)
         node_rank = self._claim_rank()
         master_ip = hardware.resolve(c.master_addr)
         if master_ip is None:
@@ -147,6 +146,37 @@ class Job:
             horovod_port = self.horovod_driver.port
         return Placement(node_rank, nodes, iface=iface, master_port=torch_port or c.master_port,
                          horovod_addr=c.master_addr, horovod_port=horovod_port)
+
+    def _connect(self, deadline: float) -> None:
+        """Reach the job store. A node restarted after a failure (compose `restart:
+        on-failure`) may find the job it left still ending, or running without it: it waits
+        for the master's next start (a fresh job store) instead of failing."""
+        waited = False
+        while True:
+            self.store.connect(deadline, cancelled=lambda: self.signals.received is not None)
+            self._check_signals()
+            if self.master or not self._no_place_for_us():
+                return
+            if not waited:
+                self.log.say(f"the job at {self.store.endpoint} started without this node (all "
+                             f"NUM_NODES={self.config.num_nodes} had joined) or is ending; waiting for "
+                             f"it to end, to join its next start")
+                waited = True
+            self.store.disconnect()
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"the job at {self.store.endpoint} had no place for this node within "
+                                      f"RDZV_TIMEOUT={self.config.rdzv_timeout}s (it started without it)", ends_job=False)
+            time.sleep(1.0)
+
+    def _no_place_for_us(self) -> bool:
+        """The job has launched, is aborting, or (fixed size) has every node it needs.
+        Elastic jobs always take a node in."""
+        store, c = self.store, self.config
+        if c.elastic:
+            return False
+        if store.launch() is not None or store.aborted() is not None:
+            return True
+        return all(store.claimed(k) for k in range(c.num_nodes))
 
     def _claim_rank(self) -> int:
         """Rank 0 for the master, NODE_RANK if given, else the next free one (elastic

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import pickle
 import time
 
 import numpy as np
@@ -82,27 +81,6 @@ def keras_model(keras, seed: int = 0, hidden: int = 32):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(hidden, activation="tanh"),
                              keras.layers.Dense(1)])
-
-
-def load_weights(model, name: str, rank: int) -> int:
-    """Resume Keras weights from CHECKPOINT_DIR/<name>; returns the step reached (0: none)."""
-    path = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), name)
-    if not os.path.exists(path):
-        return 0
-    with open(path, "rb") as f:
-        state = pickle.load(f)
-    model.set_weights(state["weights"])
-    print(f"RESUMED rank={rank} step={state['step']}", flush=True)
-    return state["step"]
-
-
-def save_weights(weights, name: str, step: int) -> None:
-    """Rank 0 only: write Keras weights atomically to CHECKPOINT_DIR/<name>."""
-    path = os.path.join(os.environ.get("CHECKPOINT_DIR", "/app/checkpoints"), name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        pickle.dump({"weights": weights, "step": step}, f)
-    os.replace(path + ".tmp", path)
 
 
 def keras_flavor(keras_module) -> str:

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +48,11 @@ def results(output: str) -> list[Result]:
 class Node:
     def __init__(self, env: dict[str, str], args: list[str], log: Path, python: str = sys.executable):
         self.log, self.env, self.args, self.python = log, env, args, python
-        self.proc = subprocess.Popen([python, "-m", "entrypoint.main", *args], env=env,
-                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = self._start("w")
+
+    def _start(self, mode: str) -> subprocess.Popen:
+        return subprocess.Popen([self.python, "-m", "entrypoint.main", *self.args], env=self.env,
+                                stdout=open(self.log, mode), stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
@@ -81,6 +85,45 @@ class Node:
         self.signal_tree(signal.SIGKILL)
 
 
+class RestartingNode(Node):
+    """A node under Docker's `restart: on-failure:<limit>`: started again, after a delay that
+    doubles from 0.1 s, each time it exits non-zero. Its output is every run's, appended."""
+
+    def __init__(self, env: dict[str, str], args: list[str], log: Path, limit: int = 5,
+                 python: str = sys.executable):
+        super().__init__(env, args, log, python)
+        self.codes: list[int] = []
+        self._done, self._stopping, self._lock = threading.Event(), False, threading.Lock()
+        threading.Thread(target=self._restart, args=(limit,), daemon=True).start()
+
+    def _restart(self, limit: int) -> None:
+        delay = 0.1
+        while True:
+            code = self.proc.wait()
+            self.codes.append(code)
+            if code == 0 or len(self.codes) > limit:
+                break
+            time.sleep(delay)
+            delay *= 2
+            with self._lock:
+                if self._stopping:
+                    break
+                self.proc = self._start("a")
+        self._done.set()
+
+    def wait(self, timeout: float) -> int:
+        """The last run's exit code, once the node is not restarted any more."""
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.codes[-1]
+
+    def stop(self) -> None:
+        """No more restarts; kill what runs."""
+        with self._lock:
+            self._stopping = True
+            self.kill_tree()
+
+
 def base_env(tmp: Path, **env) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV")}
     if os.geteuid() == 0:       # the image runs as a user; a root test machine must opt in for mpirun
@@ -90,7 +133,9 @@ def base_env(tmp: Path, **env) -> dict[str, str]:
             "GRACE_PERIOD": "5", **{k: str(v) for k, v in env.items()}}
 
 
-def start_job(tmp: Path, nodes: int, args: list[str], python: str = sys.executable, **env) -> list[Node]:
+def start_job(tmp: Path, nodes: int, args: list[str], python: str = sys.executable, restart: bool = False,
+              **env) -> list[Node]:
+    """`restart`: every node restarts on failure, as under compose/restart.yml."""
     port = free_port()
     started = []
     for k in range(nodes):
@@ -99,7 +144,7 @@ def start_job(tmp: Path, nodes: int, args: list[str], python: str = sys.executab
         if nodes > 1:
             node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
                             NODE_ADDR=f"127.0.0.{k + 1}")
-        started.append(Node(node_env, args, tmp / f"node{k}.log", python))
+        started.append((RestartingNode if restart else Node)(node_env, args, tmp / f"node{k}.log", python=python))
     return started
 
 

@@ -41,14 +41,17 @@ def ensure_image() -> str:
 
 
 class ComposeProject:
-    """One `docker compose` project on compose/two-node.yml, removed (volumes too) at the end."""
+    """One `docker compose` project on compose/two-node.yml (plus `overrides`, other files of
+    compose/), removed (volumes too) at the end."""
 
-    def __init__(self, **env: str):
+    def __init__(self, *overrides: str, **env: str):
         self.name = f"dtftest{uuid.uuid4().hex[:8]}"
         self.env = {**os.environ, "IMAGE": IMAGE, "RDZV_TIMEOUT": "120", **{k: str(v) for k, v in env.items()}}
+        self.files = [str(COMPOSE_FILE)] + [str(COMPOSE_FILE.parent / name) for name in overrides]
 
     def compose(self, *args: str, timeout: float = 600, check: bool = False, **env) -> subprocess.CompletedProcess:
-        return subprocess.run([*compose_command(), "-p", self.name, "-f", str(COMPOSE_FILE), *args],
+        files = [arg for path in self.files for arg in ("-f", path)]
+        return subprocess.run([*compose_command(), "-p", self.name, *files, *args],
                               env={**self.env, **{k: str(v) for k, v in env.items()}}, capture_output=True,
                               text=True, timeout=timeout, check=check)
 
@@ -71,6 +74,10 @@ class ComposeProject:
             run = docker("logs", row["ID"], check=False)
             found[row["Name"]] = run.stdout + run.stderr
         return found
+    def restart_counts(self) -> dict[str, int]:
+        """How often Docker's restart policy started each container again."""
+        return {row["Name"]: int(docker("inspect", "-f", "{{.RestartCount}}", row["ID"]).stdout.strip())
+                for row in self.containers()}
 
     def logs(self) -> str:
         return self.compose("logs", "--no-color", "--no-log-prefix").stdout

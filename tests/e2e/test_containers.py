@@ -17,7 +17,7 @@ from testcontainers.core.container import DockerContainer
 
 from tests.conftest import ROOT
 from tests.e2e.cluster import results
-from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, ensure_image
+from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, docker, ensure_image
 from tests.e2e.test_elastic_host import changes, initial_loss
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
@@ -33,8 +33,8 @@ def project():
     """The tracked compose project: whatever a test starts is removed afterwards."""
     projects = []
 
-    def make(**env) -> ComposeProject:
-        p = ComposeProject(**env)
+    def make(*overrides: str, **env) -> ComposeProject:
+        p = ComposeProject(*overrides, **env)
         projects.append(p)
         return p
 
@@ -378,3 +378,25 @@ def test_losing_the_master_container_stops_every_worker(image, project):
         lines = [line for line in logs[w].splitlines() if re.search(r"lost the master at master:\d+", line)]
         assert len(lines) == 1, logs[w][-3000:]
     assert elapsed < peer_timeout + grace + 5, elapsed          # + polling and `compose ps`
+def test_compose_restart_resumes_tensorflow_from_its_backup_after_a_worker_dies(image, project):
+    """compose/restart.yml: every process of the worker's container dies mid-training (as
+    in a crash or an OOM kill; `docker kill` would count as a deliberate stop). Docker
+    restarts the worker, the master's processes fail and it restarts too, and the job
+    continues from the last Keras backup to exit 0 on both, with a lower loss."""
+    job = project("restart.yml", FRAMEWORK="tensorflow",
+                  TRAIN_ARGS="--steps 200 --step-delay 0.05 --checkpoint-every 20")
+    job.compose("up", "-d", check=True)
+    job.wait_for_log("step 60 ", 240, service="master")
+    [worker] = job.containers("worker")
+    killed = time.monotonic()
+    docker("exec", "-u", "0", worker["ID"], "sh", "-c", "kill -9 -1", check=False)    # every process but PID 1
+    job.wait_for_log("RESUMED rank=0", 240, service="master")
+    print(f"kill -> training resumed from the backup: {time.monotonic() - killed:.1f} s")
+    job.wait_exited(300)
+    codes, restarts, output = job.exit_codes(), job.restart_counts(), job.logs()
+    assert set(codes.values()) == {0}, (codes, restarts, output[-4000:])
+    assert all(count >= 1 for count in restarts.values()), restarts          # the master came back too
+    resumed = {int(rank): int(step) for rank, step in re.findall(r"RESUMED rank=(\d+) step=(\d+)", output)}
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
+    assert 60 <= resumed[0] < 200, resumed                                   # the last backup, not step 0
+    assert_replicas_agree(output, 2)

@@ -4,13 +4,15 @@ Two "nodes" are two entrypoint processes on distinct loopback addresses. Each ru
 with identical parameters on every rank and a lower loss.
 """
 
+import re
+import shutil
 import signal
 import time
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results, run_job, start_job, wait_for
+from tests.e2e.cluster import Node, results, run_job, start_job, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,8 +39,19 @@ def test_training_converges_and_replicas_agree(tmp_path, framework, launcher, no
     check_trained(output, nodes * nproc)
 
 
-def test_hybrid_parallel_2x2_mesh_on_4_processes(tmp_path):
-    codes, output = run_job(tmp_path, 1, ["--steps", "40"], PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+def shard_lines(output: str, kind: str, step: int) -> dict[int, tuple[str, str]]:
+    """rank -> (shard digest, full digest) from the hybrid example's SAVED/RESUMED lines."""
+    found = re.findall(rf"{kind} rank=(\d+) step={step} shard=(\w+) full=(\w+)", output)
+    return {int(rank): (shard, full) for rank, shard, full in found}
+
+
+def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(tmp_path):
+    """A (dp 2 x tp 2) mesh on 4 processes: every rank saves its own shards (DCP); a rerun
+    resumes from step 20 with the saved shards and ends where the uninterrupted run did;
+    the step-20 checkpoint also loads at another world size and TP_SIZE."""
+    hybrid = dict(PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
+    args = ["--steps", "40", "--checkpoint-every", "20"]
+    codes, output = run_job(tmp_path, 1, args, **hybrid)
     assert codes == [0], output[-4000:]
     found = results(output)
     assert len(found) == 4
@@ -49,6 +62,27 @@ def test_hybrid_parallel_2x2_mesh_on_4_processes(tmp_path):
         assert r.after < 0.5 * r.before
     assert len(by_tp) == 2 and all(len(d) == 1 for d in by_tp.values()), by_tp   # dp replicas agree
     assert len(set.union(*by_tp.values())) == 2                                    # tp shards differ
+    uninterrupted = {r.rank: r.digest for r in found}
+    saved = shard_lines(output, "SAVED", 20)
+    assert sorted(saved) == [0, 1, 2, 3] and len({full for _, full in saved.values()}) == 1, output[-3000:]
+
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000020.dcp", "ckpt-00000040.dcp"]
+    shutil.copytree(checkpoints / "ckpt-00000020.dcp", tmp_path / "resharded" / "ckpt-00000020.dcp")
+    shutil.rmtree(checkpoints / "ckpt-00000040.dcp")          # as if the job had died after step 20
+    codes, output = run_job(tmp_path, 1, args, **hybrid)
+    assert codes == [0], output[-4000:]
+    assert shard_lines(output, "RESUMED", 20) == saved, output[-3000:]        # every shard as saved
+    assert {r.rank: r.digest for r in results(output)} == uninterrupted        # and the same end
+
+    # World size 4 (tp 2) -> 1 (tp 1): DCP reshards the tp shards into whole tensors.
+    codes, output = run_job(tmp_path, 1, args, CHECKPOINT_DIR=tmp_path / "resharded",
+                            PARALLEL_MODE="model_parallel", NPROC_PER_NODE=1)
+    assert codes == [0], output[-4000:]
+    full_at_20 = next(iter(saved.values()))[1]
+    assert shard_lines(output, "RESUMED", 20) == {0: (full_at_20, full_at_20)}, output[-3000:]
+    [alone] = results(output)
+    assert alone.world == 1 and alone.after < alone.before
 
 
 def test_pytorch_async_local_sgd(tmp_path):
@@ -124,3 +158,59 @@ def test_a_rank_crashing_at_exit_never_strands_its_peer(tmp_path):
     assert output.count("ALLREDUCED") == 2, output[-3000:]
     assert codes[1] != 0 and codes[0] != 0, codes
     assert elapsed < 40, elapsed
+
+
+def resumed_steps(output: str) -> dict[int, int]:
+    return {int(rank): int(step) for rank, step in re.findall(r"RESUMED rank=(\d+) step=(\d+)", output)}
+
+
+def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backup(tmp_path):
+    """compose/restart.yml on loopback: the worker node dies mid-training, the master's
+    processes fail, both nodes are started again (exit != 0), and the job continues from
+    the last backup (Keras BackupAndRestore, written by rank 0), not from step 0."""
+    job = start_job(tmp_path, 2, ["--steps", "150", "--step-delay", "0.04", "--checkpoint-every", "20"],
+                    restart=True, FRAMEWORK="keras", LAUNCHER="horovod")
+    master, worker = job
+    try:
+        wait_for(master, "step 60 ", 180)
+        worker.kill_tree()
+        codes = [node.wait(240) for node in job]
+    finally:
+        for node in job:
+            node.stop()
+    output = master.output + worker.output
+    assert codes == [0, 0] and master.codes[0] != 0 and worker.codes[0] == -9, \
+        (master.codes, worker.codes, output[-4000:])
+    resumed = resumed_steps(output)
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
+    assert 60 <= resumed[0] < 150 and resumed[0] % 20 == 0, resumed     # the last backup before the kill
+    check_trained(output, 2)
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_restarted_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path, framework):
+    """The race compose's restart policy creates: the killed worker's replacement reaches
+    the master before the master has noticed the loss. It waits (no exit 3, no wasted
+    restart), the master fails and is restarted, and the job resumes from its last
+    checkpoint (PyTorch) or Keras backup (TensorFlow)."""
+    args = ["--steps", "300", "--step-delay", "0.04", "--checkpoint-every", "20"]
+    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK=framework)
+    replacement = None
+    try:
+        wait_for(master, "entrypoint: starting", 180)        # every node has joined
+        replacement = Node(worker.env, args, tmp_path / "replacement.log")
+        wait_for(replacement, "started without this node", 60)
+        wait_for(master, "step 60 ", 60)
+        worker.stop()
+        assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
+    finally:
+        master.stop()
+        worker.stop()
+        if replacement:
+            replacement.kill_tree()
+    assert master.codes[0] == 1 and len(master.codes) == 2, master.codes
+    output = master.output + replacement.output
+    resumed = resumed_steps(output)
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
+    assert 60 <= resumed[0] < 300 and resumed[0] % 20 == 0, resumed
+    check_trained(output, 2)

@@ -71,6 +71,15 @@ def test_publish_override_exposes_the_rendezvous_ports():
     assert published == {29500, 29501}
 
 
+def test_restart_override_restarts_every_node_on_failure_only_a_bounded_number_of_times():
+    plain = compose_config("compose/two-node.yml")
+    assert all("restart" not in service for service in plain["services"].values())   # opt-in
+    for env, limit in (({}, 5), ({"RESTART_LIMIT": "2"}, 2)):
+        cfg = compose_config("compose/two-node.yml", "compose/restart.yml", **env)
+        assert {name: s["restart"] for name, s in cfg["services"].items()} == \
+            {"master": f"on-failure:{limit}", "worker": f"on-failure:{limit}"}
+
+
 def test_swarm_stack_uses_an_overlay_network_and_tasks_dns():
     cfg = compose_config("deploy/swarm/stack.yml", WORKERS="3")
     assert cfg["networks"]["train-net"]["driver"] == "overlay"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -60,6 +61,47 @@ def test_checkpoint_keeps_the_last_few_and_leaves_no_temp_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pkl", "ckpt-00000005.pkl"]
 
 
+def test_checkpoint_pruning_counts_each_kind_and_never_sees_temporary_names(tmp_path):
+    for name in ("ckpt-00000010.pt", "ckpt-00000020.pt", "ckpt-00000030.pt", ".ckpt-00000040.pt.tmp-7",
+                 "ckpt-00000005.dcp", "ckpt-00000025.dcp", ".ckpt-00000035.dcp.tmp", "notes.txt"):
+        (tmp_path / name).touch()
+    assert checkpoint.checkpoints(tmp_path, "pt") == [(10, "ckpt-00000010.pt"), (20, "ckpt-00000020.pt"),
+                                                      (30, "ckpt-00000030.pt")]
+    assert checkpoint.latest(str(tmp_path)) == (30, tmp_path / "ckpt-00000030.pt")
+    assert checkpoint.latest(str(tmp_path), "dcp") == (25, tmp_path / "ckpt-00000025.dcp")
+    assert checkpoint.to_remove(checkpoint.checkpoints(tmp_path, "pt"), 2) == ["ckpt-00000010.pt"]
+    assert checkpoint.to_remove(checkpoint.checkpoints(tmp_path, "pt"), 0) == []
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")       # one process, on purpose
+def test_sharded_checkpoint_saves_loads_keeps_the_last_few_and_ignores_a_crashed_save(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()                                    # momentum buffers: optimizer state to save
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in (10, 20, 30):
+        checkpoint.save_sharded(step, model, optimizer, directory=str(tmp_path), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000020.dcp", "ckpt-00000030.dcp"]
+
+    # A save that died mid-write leaves only its temporary folder: 'latest' never sees it.
+    crashed = tmp_path / ".ckpt-00000040.dcp.tmp"
+    crashed.mkdir()
+    (crashed / "__0_0.distcp").write_bytes(b"trunc")
+    fresh = torch.nn.Linear(4, 2)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    assert checkpoint.load_sharded(fresh, fresh_opt, directory=str(tmp_path)) == 30
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["momentum_buffer"],
+                       optimizer.state_dict()["state"][0]["momentum_buffer"])
+    # The replicated API never picks a sharded folder, and a new save replaces the debris.
+    assert checkpoint.load_latest(str(tmp_path)) is None
+    checkpoint.save_sharded(40, model, directory=str(tmp_path), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000030.dcp", "ckpt-00000040.dcp"]
+    assert checkpoint.load_sharded(torch.nn.Linear(4, 2), directory=str(tmp_path / "empty")) == 0
+
+
 def test_tf_chief_is_the_chief_task_or_worker_0(monkeypatch):
     from disttrain import tf as dtf
 
@@ -104,3 +146,44 @@ def test_mxnet_kvstore_type_follows_the_launch():
     assert kvstore_type(RankInfo.from_env({}), {}) == "local"          # a plain process: no servers
     with pytest.raises(RuntimeError, match="no Horovod kvstore"):
         kvstore_type(RankInfo.from_env({"LAUNCHER": "horovod"}), {})
+def test_keras_backup_resumes_where_training_stopped_and_only_rank_0_writes(tmp_path, monkeypatch):
+    """disttrain.tf.backup_and_restore with real tf-keras in one process: a fit interrupted
+    after 14 steps resumes at the step-10 backup; the final step is backed up too; a second
+    rank (Horovod, mpirun: no multi-worker strategy) restores but never writes."""
+    pytest.importorskip("tf_keras")
+    import numpy as np
+    from disttrain import tf as dtf
+
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras = dtf.keras()
+    x, y = np.ones((256, 4), np.float32), np.zeros((256, 1), np.float32)     # 32 batches
+
+    def fit(steps, *callbacks):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        seen = []
+        count = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, _: seen.append(batch))
+        model.fit(x, y, batch_size=8, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[*callbacks, count])
+        return seen
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 13:
+                raise RuntimeError("killed")
+
+    folder = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(25, dtf.backup_and_restore(every=10, directory=folder), Crash())
+    restored = []
+    assert fit(25, dtf.backup_and_restore(every=10, directory=folder, on_restore=restored.append)) == \
+        list(range(10, 25))
+    assert restored == [10]
+    again = dtf.backup_and_restore(every=10, directory=folder)
+    assert fit(25, again) == [] and again.resumed_step == 25               # the final step was backed up
+
+    monkeypatch.setenv("RANK", "1")
+    other = str(tmp_path / "rank1")
+    assert fit(25, dtf.backup_and_restore(every=10, directory=other)) == list(range(25))
+    assert not os.path.exists(os.path.join(other, "chief", "checkpoint"))   # rank 0 writes, not rank 1
