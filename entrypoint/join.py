@@ -22,6 +22,7 @@ from .signals import Signals
 from .watch import JobWatch, stop_outcome
 
 EXIT_RENDEZVOUS = 3          # this node could not join: no master within RDZV_TIMEOUT, rank taken
+HEARTBEAT_CHECK_S = 2.5      # nodes bump their heartbeat every second: a live one moves within this
 
 
 class NotJoined(Exception):
@@ -149,34 +150,40 @@ class Job:
 
     def _connect(self, deadline: float) -> None:
         """Reach the job store. A node restarted after a failure (compose `restart:
-        on-failure`) may find the job it left still ending, or running without it: it waits
-        for the master's next start (a fresh job store) instead of failing."""
+        on-failure`) may find the job it left still ending: it waits for the master's next
+        start (a fresh job store) instead of failing and spending a restart."""
         waited = False
         while True:
             self.store.connect(deadline, cancelled=lambda: self.signals.received is not None)
             self._check_signals()
-            if self.master or not self._no_place_for_us():
+            if self.master or self._job_state() != "ending":
                 return
             if not waited:
-                self.log.say(f"the job at {self.store.endpoint} started without this node (all "
-                             f"NUM_NODES={self.config.num_nodes} had joined) or is ending; waiting for "
-                             f"it to end, to join its next start")
+                self.log.say(f"the job at {self.store.endpoint} is ending (it lost a node, maybe this one's "
+                             f"previous run); waiting for the master's next start to join it")
                 waited = True
             self.store.disconnect()
             if time.monotonic() > deadline:
-                raise RendezvousError(f"the job at {self.store.endpoint} had no place for this node within "
-                                      f"RDZV_TIMEOUT={self.config.rdzv_timeout}s (it started without it)", ends_job=False)
+                raise RendezvousError(f"the job at {self.store.endpoint} was still ending after "
+                                      f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
             time.sleep(1.0)
 
-    def _no_place_for_us(self) -> bool:
-        """The job has launched, is aborting, or (fixed size) has every node it needs.
-        Elastic jobs always take a node in."""
+    def _job_state(self) -> str:
+        """'open': the job has room for this node; 'full': it runs with all NUM_NODES nodes
+        alive (this one is beyond NUM_NODES: _claim_rank refuses it); 'ending': it is aborting,
+        or one of its nodes stopped heartbeating (this node comes back in its place). Elastic
+        jobs always take a node in."""
         store, c = self.store, self.config
         if c.elastic:
-            return False
-        if store.launch() is not None or store.aborted() is not None:
-            return True
-        return all(store.claimed(k) for k in range(c.num_nodes))
+            return "open"
+        if store.aborted() is not None:
+            return "ending"
+        claimed = [k for k in range(c.num_nodes) if store.claimed(k)]
+        if len(claimed) < c.num_nodes:
+            return "open"
+        before = {k: store.heartbeat(k) for k in claimed}
+        time.sleep(HEARTBEAT_CHECK_S)
+        return "full" if all(store.heartbeat(k) != before[k] for k in claimed) else "ending"
 
     def _claim_rank(self) -> int:
         """Rank 0 for the master, NODE_RANK if given, else the next free one (elastic

@@ -51,6 +51,8 @@ class Rounds:
             world, step = data["world"], data["step"]
             if self._world is None:
                 self.log.say(f"training: world size {world}, from step {step}")
+            elif world == self._world:       # the processes restarted (a failure, a re-rendezvous), same members
+                self.log.say(f"training restarted: world size {world}, resumed from step {step}")
             else:
                 self.log.say(f"membership changed: world size {self._world} -> {world}, resumed from step {step}")
             self._world = world

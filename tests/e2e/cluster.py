@@ -168,6 +168,19 @@ def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, python
     return codes, "\n".join(node.output for node in job)
 
 
+def wait_for_any(job: list[Node], text: str, timeout: float) -> None:
+    """`text` in any node's output: lines of global rank 0, which an elastic launcher may
+    place on any node."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in node.output for node in job):
+            return
+        if all(node.proc.poll() is not None for node in job):
+            raise AssertionError(f"every node exited before {text!r}:\n{job[0].output[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen within {timeout}s:\n{job[0].output[-3000:]}")
+
+
 def wait_for(node: Node, text: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -189,18 +189,19 @@ def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backu
 
 @pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
 def test_restarted_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path, framework):
-    """The race compose's restart policy creates: the killed worker's replacement reaches
-    the master before the master has noticed the loss. It waits (no exit 3, no wasted
-    restart), the master fails and is restarted, and the job resumes from its last
-    checkpoint (PyTorch) or Keras backup (TensorFlow)."""
+    """The race compose's restart policy creates: the dead worker's replacement reaches
+    the master before the master has noticed the loss (the old worker is frozen here: no
+    heartbeat, no connection reset). It waits (no exit 3, no wasted restart), the master
+    fails and is restarted, and the job resumes from its last checkpoint (PyTorch) or Keras
+    backup (TensorFlow)."""
     args = ["--steps", "300", "--step-delay", "0.04", "--checkpoint-every", "20"]
-    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK=framework)
+    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK=framework, PEER_TIMEOUT=30)
     replacement = None
     try:
-        wait_for(master, "entrypoint: starting", 180)        # every node has joined
+        wait_for(master, "step 60 ", 240)
+        worker.signal_tree(signal.SIGSTOP)
         replacement = Node(worker.env, args, tmp_path / "replacement.log")
-        wait_for(replacement, "started without this node", 60)
-        wait_for(master, "step 60 ", 60)
+        wait_for(replacement, "is ending", 60)
         worker.stop()
         assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
     finally:
