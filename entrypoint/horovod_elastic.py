@@ -40,6 +40,8 @@ from .signals import Signals
 from .supervisor import POLL_INTERVAL, WATCH_INTERVAL, Children
 from .watch import Heartbeats, JobWatch
 
+PENDING_JOIN_S = 3.0     # a discovered host unassigned this long is announced to rank 0 again
+
 
 def host_name(node_rank: int) -> str:
     return f"node{node_rank}"
@@ -100,6 +102,7 @@ class HorovodElasticDriver:
             time.sleep(self.config.elastic_last_call)         # more nodes may be on their way
             hosts = self.driver.wait_for_available_slots(self.min_np) or hosts
             self.driver.start(min(self.max_np, hosts.count_available_slots()), self.start_worker)
+            threading.Thread(target=self._retell_missed_joins, name="horovod-elastic-joins", daemon=True).start()
             outcome = self._outcome(self.driver.get_results())
         except Exception as exc:       # the driver's own errors (timeouts, no hosts left) end the job
             outcome = Outcome.failed(f"Horovod's elastic driver: {exc}")
@@ -109,6 +112,28 @@ class HorovodElasticDriver:
             self.store.set("hvd/result", outcome.to_json())
         except StoreGone:
             pass
+
+    def _retell_missed_joins(self) -> None:
+        """Horovod's driver tells rank 0 about a new host once, when discovery first sees it,
+        and only if rank 0's notification service has registered by then (driver.py,
+        _notify_workers_host_changes: 'no coordinator client, skipping'). A node that joins
+        while rank 0 is still starting (importing torch: seconds in a container) would then
+        wait for a reset that never comes. A host that stays discovered but unassigned for
+        PENDING_JOIN_S is told again, at most every PENDING_JOIN_S."""
+        from horovod.runner.elastic.discovery import HostUpdateResult
+
+        driver, pending_since, told = self.driver, None, 0.0
+        while not driver.finished():
+            time.sleep(1.0)
+            with driver._wait_hosts_cond:           # as the driver's own discovery thread
+                hosts = driver._host_manager.current_hosts
+                assigned = sum(len(slots) for slots in driver.host_assignments.values())
+                waiting = bool(set(hosts.available_hosts) - set(driver.host_assignments)) and assigned < self.max_np
+                now = time.monotonic()
+                pending_since = (pending_since or now) if waiting else None
+                if waiting and now - pending_since >= PENDING_JOIN_S and now - told >= PENDING_JOIN_S:
+                    driver._notify_workers_host_changes(hosts, HostUpdateResult.added)
+                    told = now
 
     @staticmethod
     def _outcome(results) -> Outcome:

@@ -115,8 +115,9 @@ class JobStore:
                               f"(is the master running and the port reachable?); last error: {last}")
 
     def disconnect(self) -> None:
-        """Drop the client connection (a later connect() makes a new one)."""
-        self.store = None
+        """Drop the client connection (a later connect() makes a new one, to whichever
+        store then serves the endpoint)."""
+        self.store, self._gone = None, None
 
     @property
     def connected(self) -> bool:

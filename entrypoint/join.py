@@ -156,8 +156,13 @@ class Job:
         while True:
             self.store.connect(deadline, cancelled=lambda: self.signals.received is not None)
             self._check_signals()
-            if self.master or self._job_state() != "ending":
+            if self.master:
                 return
+            try:
+                if self._job_state() != "ending":
+                    return
+            except StoreGone:             # the ending job's master exited while we looked
+                pass
             if not waited:
                 self.log.say(f"the job at {self.store.endpoint} is ending (it lost a node, maybe this one's "
                              f"previous run); waiting for the master's next start to join it")
