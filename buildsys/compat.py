@@ -21,6 +21,8 @@ Every number here was read from the packages themselves (the wheels' metadata on
   the last such numpy (1.23.5) has wheels for CPython 3.8..3.11 only. TensorFlow's numpy
   floor is its wheels' `Requires-Dist`; torch 2.13 declares none and runs with 1.23.5
   (measured).
+* One copy of each CUDA wheel: `TORCH_CUDA_WHEELS` and `TENSORFLOW_CUDA_WHEELS` below, from
+  the same metadata (torch's `Requires-Dist` pins, TensorFlow's `and-cuda` extra).
 
 Each check returns a list of problems: (field, message). Empty means compatible.
 """
@@ -28,6 +30,8 @@ Each check returns a list of problems: (field, message). Empty means compatible.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from packaging.specifiers import SpecifierSet
 
 Version = tuple[int, ...]
 
@@ -418,8 +422,132 @@ def check_mxnet(variant) -> list[tuple[str, str]]:
     return problems
 
 
+# --------------------------------------------------------------------------- one copy of each CUDA wheel
+#
+# torch's PyPI wheel pins (==) every nvidia-*-cu12 wheel it loads. TensorFlow's `and-cuda`
+# extra names the ones it loads: exact pins up to 2.19, ranges from 2.20 on. In one image
+# pip installs one copy of each wheel, so torch's pin must lie in TensorFlow's range: the
+# image then carries the newer of the two (TensorFlow was built with CUDA 12.5 and cuDNN
+# 9.3 and runs on newer 12.x / 9.x libraries). A wheel that only TensorFlow asks for
+# (nvidia-cuda-nvcc-cu12: ptxas and libdevice for XLA) is held to the variant's CUDA minor.
+
+TORCH_CUDA_WHEELS: dict[str, dict[str, str]] = {
+    "2.6": {"nvidia-cublas-cu12": "12.4.5.8", "nvidia-cuda-cupti-cu12": "12.4.127",
+            "nvidia-cuda-nvrtc-cu12": "12.4.127", "nvidia-cuda-runtime-cu12": "12.4.127",
+            "nvidia-cudnn-cu12": "9.1.0.70", "nvidia-cufft-cu12": "11.2.1.3", "nvidia-curand-cu12": "10.3.5.147",
+            "nvidia-cusolver-cu12": "11.6.1.9", "nvidia-cusparse-cu12": "12.3.1.170",
+            "nvidia-cusparselt-cu12": "0.6.2", "nvidia-nccl-cu12": "2.21.5", "nvidia-nvjitlink-cu12": "12.4.127",
+            "nvidia-nvtx-cu12": "12.4.127"},
+    "2.7": {"nvidia-cublas-cu12": "12.6.4.1", "nvidia-cuda-cupti-cu12": "12.6.80",
+            "nvidia-cuda-nvrtc-cu12": "12.6.77", "nvidia-cuda-runtime-cu12": "12.6.77",
+            "nvidia-cudnn-cu12": "9.5.1.17", "nvidia-cufft-cu12": "11.3.0.4", "nvidia-cufile-cu12": "1.11.1.6",
+            "nvidia-curand-cu12": "10.3.7.77", "nvidia-cusolver-cu12": "11.7.1.2",
+            "nvidia-cusparse-cu12": "12.5.4.2", "nvidia-cusparselt-cu12": "0.6.3", "nvidia-nccl-cu12": "2.26.2",
+            "nvidia-nvjitlink-cu12": "12.6.85", "nvidia-nvtx-cu12": "12.6.77"},
+    "2.8": {"nvidia-cublas-cu12": "12.8.4.1", "nvidia-cuda-cupti-cu12": "12.8.90",
+            "nvidia-cuda-nvrtc-cu12": "12.8.93", "nvidia-cuda-runtime-cu12": "12.8.90",
+            "nvidia-cudnn-cu12": "9.10.2.21", "nvidia-cufft-cu12": "11.3.3.83", "nvidia-cufile-cu12": "1.13.1.3",
+            "nvidia-curand-cu12": "10.3.9.90", "nvidia-cusolver-cu12": "11.7.3.90",
+            "nvidia-cusparse-cu12": "12.5.8.93", "nvidia-cusparselt-cu12": "0.7.1", "nvidia-nccl-cu12": "2.27.3",
+            "nvidia-nvjitlink-cu12": "12.8.93", "nvidia-nvtx-cu12": "12.8.90"},
+    "2.9": {"nvidia-cublas-cu12": "12.8.4.1", "nvidia-cuda-cupti-cu12": "12.8.90",
+            "nvidia-cuda-nvrtc-cu12": "12.8.93", "nvidia-cuda-runtime-cu12": "12.8.90",
+            "nvidia-cudnn-cu12": "9.10.2.21", "nvidia-cufft-cu12": "11.3.3.83", "nvidia-cufile-cu12": "1.13.1.3",
+            "nvidia-curand-cu12": "10.3.9.90", "nvidia-cusolver-cu12": "11.7.3.90",
+            "nvidia-cusparse-cu12": "12.5.8.93", "nvidia-cusparselt-cu12": "0.7.1", "nvidia-nccl-cu12": "2.27.5",
+            "nvidia-nvjitlink-cu12": "12.8.93", "nvidia-nvshmem-cu12": "3.3.20", "nvidia-nvtx-cu12": "12.8.90"},
+}
+
+
+def _tf_and_cuda(nccl: str, exact: bool) -> dict[str, str]:
+    """TensorFlow 2.18-2.21's `and-cuda` extra: the CUDA 12.5 / cuDNN 9.3 wheels it was built
+    with, pinned (==, up to 2.19) or as the lowest version of the same major (2.20 on)."""
+    built_with = {"nvidia-cublas-cu12": ("12.5.3.2", "13.0"), "nvidia-cuda-cupti-cu12": ("12.5.82", "13.0"),
+                  "nvidia-cuda-nvcc-cu12": ("12.5.82", "13.0"), "nvidia-cuda-nvrtc-cu12": ("12.5.82", "13.0"),
+                  "nvidia-cuda-runtime-cu12": ("12.5.82", "13.0"), "nvidia-cudnn-cu12": ("9.3.0.75", "10.0"),
+                  "nvidia-cufft-cu12": ("11.2.3.61", "12.0"), "nvidia-curand-cu12": ("10.3.6.82", "11.0"),
+                  "nvidia-cusolver-cu12": ("11.6.3.83", "12.0"), "nvidia-cusparse-cu12": ("12.5.1.3", "13.0"),
+                  "nvidia-nccl-cu12": (nccl, "3.0"), "nvidia-nvjitlink-cu12": ("12.5.82", "13.0")}
+    return {wheel: f"=={low}" if exact else f">={low},<{below}" for wheel, (low, below) in built_with.items()}
+
+
+TENSORFLOW_CUDA_WHEELS: dict[str, dict[str, str]] = {
+    "2.18": _tf_and_cuda("2.21.5", exact=True),
+    "2.19": _tf_and_cuda("2.23.4", exact=True),
+    "2.20": _tf_and_cuda("2.25.1", exact=False),
+    "2.21": _tf_and_cuda("2.27.7", exact=False),
+}
+
+# Wheels whose version is the CUDA toolkit's own (nvidia-cuda-nvcc-cu12 12.6.85 is CUDA 12.6):
+# the only ones a variant can hold to its CUDA minor when torch does not pin them.
+CUDA_VERSIONED_WHEELS = ("nvidia-cublas-cu12", "nvidia-cuda-cupti-cu12", "nvidia-cuda-nvcc-cu12",
+                         "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-nvjitlink-cu12")
+
+
+def _torch_cuda_pins(variant) -> dict[str, str]:
+    return TORCH_CUDA_WHEELS.get(minor(variant.pytorch.version), {}) if variant.pytorch else {}
+
+
+def tensorflow_only_cuda_wheels(variant) -> dict[str, str]:
+    """CUDA wheels that TensorFlow's `and-cuda` asks for and torch does not pin, each held to
+    the variant's CUDA minor: {'nvidia-cuda-nvcc-cu12': '==12.6.*'}. Empty without TF on CUDA."""
+    if variant.tensorflow is None or variant.accelerator != "cuda":
+        return {}
+    wanted = TENSORFLOW_CUDA_WHEELS.get(minor(variant.tensorflow.version), {})
+    pins = _torch_cuda_pins(variant)
+    return {wheel: f"=={variant.cuda.version}.*" for wheel in sorted(wanted) if wheel not in pins}
+
+
+def _fits(spec: str, pin: str) -> bool:
+    return SpecifierSet(spec).contains(pin, prereleases=True)
+
+
+def _cuda_minor_fits(spec: str, cuda: str) -> bool:
+    """Some release of CUDA `cuda` (12.6.0 .. 12.6.999) satisfies spec."""
+    return _fits(spec, f"{cuda}.0") or _fits(spec, f"{cuda}.999")
+
+
+def check_cuda_wheels(variant) -> list[tuple[str, str]]:
+    """torch and TensorFlow on CUDA share one copy of each nvidia-*-cu12 wheel."""
+    tf = variant.tensorflow
+    if tf is None or variant.accelerator != "cuda":
+        return []
+    tf_minor = minor(tf.version)
+    wanted = TENSORFLOW_CUDA_WHEELS.get(tf_minor)
+    if wanted is None:
+        return [("tensorflow.version", f"TensorFlow {tf_minor}'s CUDA wheels (its and-cuda extra) are not "
+                                       f"recorded in buildsys/compat.py; allowed on CUDA: "
+                                       f"{', '.join(sorted(TENSORFLOW_CUDA_WHEELS, key=parse_version))}")]
+    if variant.pytorch is not None:
+        torch = variant.pytorch.version
+        if local_tag(torch) is not None or minor(torch) not in TORCH_CUDA_WHEELS:
+            return [("pytorch.version", f"the CUDA wheels that torch {torch} pins are not recorded in "
+                                        f"buildsys/compat.py, so one copy next to TensorFlow cannot be "
+                                        f"checked; allowed: the PyPI wheel of torch "
+                                        f"{', '.join(sorted(TORCH_CUDA_WHEELS, key=parse_version))}")]
+    pins = _torch_cuda_pins(variant)
+    for wheel, spec in sorted(wanted.items()):
+        if wheel in pins and not _fits(spec, pins[wheel]):
+            torch_ok = [m for m, p in sorted(TORCH_CUDA_WHEELS.items(), key=lambda kv: parse_version(kv[0]))
+                        if all(w not in p or _fits(s, p[w]) for w, s in wanted.items())]
+            tf_ok = [m for m, w in sorted(TENSORFLOW_CUDA_WHEELS.items(), key=lambda kv: parse_version(kv[0]))
+                     if all(x not in w or _fits(w[x], p) for x, p in pins.items())]
+            allowed = ([f"torch {', '.join(torch_ok)} with TensorFlow {tf_minor}"] if torch_ok else []) + \
+                      ([f"TensorFlow {', '.join(tf_ok)} with torch {minor(variant.pytorch.version)}"] if tf_ok else []) + \
+                      ["one variant per framework"]
+            return [("tensorflow.version", f"TensorFlow {tf_minor} needs {wheel}{spec} but torch "
+                                           f"{variant.pytorch.version} pins =={pins[wheel]}: one copy cannot "
+                                           f"serve both; allowed: {'; '.join(allowed)}")]
+        if wheel not in pins and not (wheel in CUDA_VERSIONED_WHEELS
+                                      and _cuda_minor_fits(spec, variant.cuda.version)):
+            return [("cuda.version", f"TensorFlow {tf_minor} needs {wheel}{spec}, which nothing in this "
+                                     f"variant pins and CUDA {variant.cuda.version} does not satisfy; "
+                                     f"allowed: a pytorch that pins it, or a CUDA in that range")]
+    return []
+
+
 CHECKS = (check_python, check_torch, check_torch_companions, check_tensorflow, check_mxnet, check_cuda_toolchain,
-          check_horovod, check_xla)
+          check_horovod, check_xla, check_cuda_wheels)
 
 
 def check_variant(variant) -> list[tuple[str, str]]:

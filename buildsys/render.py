@@ -126,7 +126,12 @@ def requirements(v: Variant) -> dict[str, str]:
         # (compat.TORCH_XLA); its `tpu` extra brings libtpu (pinned again here) and tpu-info.
         runtime += [f"torch-xla[tpu]=={v.xla.version}", f"libtpu=={v.xla.libtpu}"]
     if v.tensorflow:
-        runtime.append(f"{v.tensorflow.package}=={v.tensorflow.version}")
+        # On CUDA, TensorFlow's `and-cuda` extra resolves together with torch's pins: one copy
+        # of each nvidia-*-cu12 wheel (compat.check_cuda_wheels); what torch does not pin is
+        # held to the variant's CUDA.
+        extra = "[and-cuda]" if v.accelerator == "cuda" else ""
+        runtime.append(f"{v.tensorflow.package}{extra}=={v.tensorflow.version}")
+        runtime += [f"{wheel}{spec}" for wheel, spec in compat.tensorflow_only_cuda_wheels(v).items()]
         if v.keras() == "tf-keras":
             # tf-keras requires the `tensorflow` distribution even where tensorflow-cpu
             # already provides the module.

@@ -309,3 +309,67 @@ def test_leaving_out_keeps_the_pin_and_drops_the_install():
     assert bare.without == ["torchvision"] and bare.torch_companions() == {}
     assert bare.pytorch.torchvision == "0.28.0+cpu"
     assert cpu.leaving_out([]) is cpu
+# --------------------------------------------------------------------------- one copy of each CUDA wheel
+
+def variant_without_checks(name: str, **changes):
+    """A variant from the real matrix with `changes` merged in, validated for types only, so
+    that one compat check can be tried on its own."""
+    from buildsys.matrix import Variant
+    body = deep_merge(deep_merge(RAW["defaults"], RAW["variants"][name]), changes)
+    return Variant.model_validate({"name": name, **body})
+
+
+def test_torch_and_tensorflow_share_one_copy_of_each_cuda_wheel_in_the_real_matrix():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    for v in matrix.variants.values():
+        assert compat.check_cuda_wheels(v) == []
+    # The only wheel TensorFlow asks for that torch does not pin is held to the variant's CUDA.
+    assert compat.tensorflow_only_cuda_wheels(matrix.variants["cu126"]) == {"nvidia-cuda-nvcc-cu12": "==12.6.*"}
+    assert compat.tensorflow_only_cuda_wheels(matrix.variants["cu128"]) == {"nvidia-cuda-nvcc-cu12": "==12.8.*"}
+    assert compat.tensorflow_only_cuda_wheels(matrix.variants["cu124"]) == {}
+
+
+def test_torch_pins_agree_with_the_torch_table():
+    for release, pins in compat.TORCH_CUDA_WHEELS.items():
+        assert pins["nvidia-cudnn-cu12"] == compat.TORCH[release].cudnn, release
+        assert pins["nvidia-nccl-cu12"] == compat.TORCH[release].nccl, release
+    for release, wanted in compat.TENSORFLOW_CUDA_WHEELS.items():
+        nccl_low = wanted["nvidia-nccl-cu12"].lstrip("=>").split(",")[0]
+        assert nccl_low == compat.TENSORFLOW[release].nccl_min, release
+
+
+def test_a_torch_pin_outside_tensorflows_range_is_one_line_naming_both():
+    v = variant_without_checks("cu126", tensorflow={"version": "2.21.0"})
+    (field, message), = compat.check_cuda_wheels(v)
+    assert field == "tensorflow.version"
+    assert "TensorFlow 2.21 needs nvidia-nccl-cu12>=2.27.7,<3.0 but torch 2.7.1 pins ==2.26.2" in message
+    assert "allowed: TensorFlow 2.20 with torch 2.7; one variant per framework" in message
+
+
+def test_tensorflows_exact_pins_fit_no_torch():
+    v = variant_without_checks("cu126", tensorflow={"version": "2.19.0"})
+    (field, message), = compat.check_cuda_wheels(v)
+    assert "TensorFlow 2.19 needs nvidia-cublas-cu12==12.5.3.2 but torch 2.7.1 pins ==12.6.4.1" in message
+    assert "allowed: TensorFlow 2.20 with torch 2.7; one variant per framework" in message
+    assert "with TensorFlow 2.19" not in message           # no torch fits its exact pins
+
+
+def test_tensorflow_without_recorded_cuda_wheels():
+    v = variant_without_checks("cu126", tensorflow={"version": "2.17.0"})
+    (field, message), = compat.check_cuda_wheels(v)
+    assert field == "tensorflow.version" and "not recorded" in message and "2.18, 2.19, 2.20, 2.21" in message
+
+
+def test_torch_from_the_pytorch_index_has_no_recorded_pins():
+    message = broken(lambda d: d["variants"]["cu126"]["pytorch"].update(version="2.7.1+cu128",
+                                                                        torchvision="0.22.1+cu128")
+                     or d["variants"]["cu126"]["cuda"].update(version="12.8"))
+    assert "field 'pytorch.version'" in message and "2.7.1+cu128" in message and "not recorded" in message
+
+
+def test_a_tensorflow_only_wheel_outside_the_variants_cuda(monkeypatch):
+    wanted = dict(compat.TENSORFLOW_CUDA_WHEELS["2.20"], **{"nvidia-cuda-nvcc-cu12": ">=12.9,<13.0"})
+    monkeypatch.setitem(compat.TENSORFLOW_CUDA_WHEELS, "2.20", wanted)
+    (field, message), = compat.check_cuda_wheels(variant_without_checks("cu126"))
+    assert field == "cuda.version" and "nvidia-cuda-nvcc-cu12>=12.9,<13.0" in message and "CUDA 12.6" in message
+
