@@ -136,6 +136,12 @@ class Variant(Strict):
         """Whether the builder stage compiles anything (Horovod, mpi4py) for the runtime."""
         return bool(self.horovod or self.mpi4py)
 
+    def carries_cuda_wheels(self) -> bool:
+        """torch's CUDA wheels (nvidia-*-cu12, triton) are installed: on a CUDA variant, and
+        wherever torch is PyPI's wheel, a CUDA build (the tpu variant)."""
+        return self.accelerator == "cuda" or (self.pytorch is not None
+                                              and compat.local_tag(self.pytorch.version) is None)
+
     def horovod_frameworks(self) -> list[str]:
         return list(self.horovod.frameworks) if self.horovod else []
 

@@ -362,7 +362,8 @@ def test_tensorflow_without_recorded_cuda_wheels():
 
 def test_torch_from_the_pytorch_index_has_no_recorded_pins():
     message = broken(lambda d: d["variants"]["cu126"]["pytorch"].update(version="2.7.1+cu128",
-                                                                        torchvision="0.22.1+cu128")
+                                                                        torchvision="0.22.1+cu128",
+                                                                        torchaudio="2.7.1+cu128")
                      or d["variants"]["cu126"]["cuda"].update(version="12.8"))
     assert "field 'pytorch.version'" in message and "2.7.1+cu128" in message and "not recorded" in message
 

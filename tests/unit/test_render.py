@@ -61,10 +61,17 @@ def test_multi_stage_layout(name):
     text = render.render_dockerfile(v)
     stages = re.findall(r"^FROM (\S+) AS (\w+)", text, re.M)
     compiled = ["builder", "wheels"] if v.compiles_wheels() else []
-    assert [s[1] for s in stages] == ["base", *compiled, "runtime"]
+    assert [s[1] for s in stages] == ["base", "frameworks", *compiled, "runtime"]
+    assert dict((stage, parent) for parent, stage in stages)["runtime"] == "frameworks"
     assert "# syntax=" not in text
     runtime = text.split("AS runtime", 1)[1]
-    assert "build-essential" not in runtime and "nvidia-cuda-toolkit" not in runtime
+    frameworks = text.split("AS frameworks", 1)[1].split("\nFROM ", 1)[0]
+    assert "build-essential" not in runtime + frameworks and "nvidia-cuda-toolkit" not in runtime + frameworks
+    # Horovod compiles against the frameworks stage's environment, not a second install of it.
+    builder = text.split("AS builder", 1)[1].split("AS wheels", 1)[0] if v.compiles_wheels() else ""
+    assert "install-requirements.sh" not in builder + runtime
+    if v.horovod:
+        assert "--mount=type=bind,from=frameworks,source=/opt/venv,target=/opt/venv,rw" in builder
     assert 'ENTRYPOINT ["tini", "-g", "--"' in runtime
     assert "USER 1000:1000" in runtime
     assert "/app/code" in runtime and "/app/data" in runtime
@@ -150,6 +157,26 @@ def test_ci_matrix_lists_every_variant_with_tags():
     cpu = matrix["include"][0]
     assert cpu["tags"][0] == "ghcr.io/acme/distributed-training-framework:cpu"
     assert json.loads(json.dumps(matrix)) == matrix
+
+
+def test_cuda_tensorflow_takes_its_cuda_wheels_with_torchs_pins():
+    v = MATRIX.variants["cu126"]
+    runtime = render.requirements(v)["runtime.txt"].splitlines()
+    assert "tensorflow[and-cuda]==2.20.0" in runtime and "torch==2.7.1" in runtime
+    assert "nvidia-cuda-nvcc-cu12==12.6.*" in runtime
+    assert not [line for line in runtime if line.startswith("nvidia-") and "nvcc" not in line]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_bundled_cuda_libraries_are_deduplicated_in_the_pip_step(name):
+    v = MATRIX.variants[name]
+    text = render.render_dockerfile(v)
+    frameworks = text.split("AS frameworks", 1)[1].split("\nFROM ", 1)[0]
+    pip_step = [step for step in frameworks.split("\nRUN ") if "install-requirements.sh /tmp/requirements" in step]
+    assert len(pip_step) == 1
+    assert ("dedupe-cuda-libs.sh" in pip_step[0]) == v.carries_cuda_wheels()
+    assert v.carries_cuda_wheels() == (v.accelerator == "cuda" or name == "tpu")   # tpu: PyPI's CUDA torch
+    assert "dedupe-cuda-libs.sh" not in text.replace(pip_step[0], "")      # in no later layer
 
 
 def test_requirements_keep_tf_keras_off_the_tensorflow_dependency():
