@@ -2,15 +2,23 @@
 
 Parsing and expectations are pure functions; `SmokeRunner` runs containers through the
 Docker SDK. Every check runs the real thing in the image: imports, `horovodrun
---check-build`, 2-process allreduces over gloo and MPI, and the size budget.
+--check-build`, 2-process allreduces over gloo and MPI, the size budget, and one copy of
+each shared library across all of the image's layers (read from `docker save`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from .matrix import Variant
 from .render import manifest
@@ -18,6 +26,8 @@ from .render import manifest
 SCRIPTS = Path(__file__).resolve().parent / "smoke_scripts"
 RESULT_RE = re.compile(r"RESULT (\w+) rank=(\d+) size=(\d+) sum=(\[.*?\])")
 CHECK_RE = re.compile(r"\[(X| )\] (\w+)")
+# libfoo.so, libfoo.so.12, libcupti.so.2025.1.0 (and Python extension modules, which have no soname)
+SHARED_OBJECT_RE = re.compile(r"\.so(\.\d+)*$")
 CHECK_BUILD_NAMES = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet", "gloo": "Gloo",
                      "mpi": "MPI", "nccl": "NCCL"}
 
@@ -131,6 +141,84 @@ def check_size(size_bytes: int, budget_gb: float, history: list[dict]) -> tuple[
                    + "\n    ".join(largest_layers(history)))
 
 
+@dataclass(frozen=True)
+class SharedObject:
+    """One shared library file in one layer of an image."""
+    layer: str          # the layer's name in the `docker save` archive
+    path: str           # its path in that layer
+    soname: str         # DT_SONAME: the name the dynamic loader finds it by
+    size: int           # bytes
+
+
+def elf_soname(data: bytes) -> str | None:
+    """The DT_SONAME of an ELF shared object, or None (not ELF, not a shared object, no soname)."""
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        if elf.header.e_type != "ET_DYN":
+            return None
+        for segment in elf.iter_segments():
+            if segment.header.p_type == "PT_DYNAMIC":
+                for tag in segment.iter_tags("DT_SONAME"):
+                    return tag.soname
+    except (ELFError, ValueError, KeyError):
+        return None
+    return None
+
+
+def layer_shared_objects(save: io.RawIOBase | io.BufferedIOBase) -> Iterator[SharedObject]:
+    """Every shared library with a soname in every layer of a `docker save` stream (the
+    legacy `<id>/layer.tar` layout or the OCI `blobs/sha256/...` one), read front to back
+    once. Files a later layer shadows or deletes are still listed: they still take space.
+    Symbolic and hard links are not files of their own and are skipped."""
+    with tarfile.open(fileobj=save, mode="r|") as archive:
+        for member in archive:
+            if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
+                continue
+            try:
+                layer = tarfile.open(fileobj=archive.extractfile(member), mode="r|*")
+            except tarfile.TarError:
+                continue                      # a config or manifest blob, not a layer
+            with layer:
+                for entry in layer:
+                    if entry.isfile() and SHARED_OBJECT_RE.search(entry.name):
+                        soname = elf_soname(layer.extractfile(entry).read())
+                        if soname:
+                            yield SharedObject(member.name, entry.name, soname, entry.size)
+
+
+def duplicate_sonames(objects: Iterable[SharedObject]) -> dict[str, list[SharedObject]]:
+    """soname -> its files, for every soname stored more than once, largest waste first."""
+    by_soname: dict[str, list[SharedObject]] = defaultdict(list)
+    for obj in objects:
+        by_soname[obj.soname].append(obj)
+    duplicates = {name: files for name, files in by_soname.items() if len(files) > 1}
+    return dict(sorted(duplicates.items(), key=lambda kv: (-_extra_bytes(kv[1]), kv[0])))
+
+
+def _extra_bytes(files: list[SharedObject]) -> int:
+    return sum(f.size for f in files) - max(f.size for f in files)
+
+
+def check_duplicates(objects: list[SharedObject], shown: int = 12) -> tuple[bool, str]:
+    layers = len({o.layer for o in objects})
+    duplicates = duplicate_sonames(objects)
+    if not duplicates:
+        return True, f"{len(objects)} shared libraries (in {layers} of the layers), each soname once"
+    extra = sum(_extra_bytes(files) for files in duplicates.values())
+    lines = [f"{name}: {len(files)} files, {_extra_bytes(files) / 1e6:.1f} MB extra: "
+             + ", ".join(f"{f.path} (layer {_layer_id(f.layer)})" for f in files)
+             for name, files in list(duplicates.items())[:shown]]
+    more = f"\n    ... and {len(duplicates) - shown} more" if len(duplicates) > shown else ""
+    return False, (f"{len(duplicates)} sonames stored more than once across {layers} layers "
+                   f"({extra / 1e6:.0f} MB extra):\n    " + "\n    ".join(lines) + more)
+
+
+def _layer_id(name: str) -> str:
+    """'abc123.../layer.tar' or 'blobs/sha256/abc123...' -> 'abc123abc123' (12 characters)."""
+    parts = name.split("/")
+    return (parts[-2] if name.endswith("layer.tar") else parts[-1])[:12]
+
+
 # --------------------------------------------------------------------------- executing
 
 class SmokeRunner:
@@ -162,6 +250,32 @@ class SmokeRunner:
         """The companions this image was built without (its io.disttrain.without label)."""
         label = self.client.images.get(self.image).labels.get("io.disttrain.without", "")
         return [name for name in label.split(",") if name]
+
+    def shared_objects(self) -> list[SharedObject]:
+        """Every shared library in every layer, streamed from the engine's `docker save`."""
+        chunks = self.client.images.get(self.image).save(named=False)
+        return list(layer_shared_objects(io.BufferedReader(_ChunkStream(chunks), buffer_size=1 << 20)))
+
+
+class _ChunkStream(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (the SDK's `image.save()`)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            self._pending = next(self._chunks, b"")
+            if not self._pending:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
 
 
 def _result(name: str, code: int, output: str, verdict: tuple[bool, str]) -> CheckResult:
@@ -218,4 +332,7 @@ def run_smoke_tests(image: str, v: Variant) -> list[CheckResult]:
     size, history = runner.image_info()
     ok, detail = check_size(size, v.size_budget_gb, history)
     results.append(CheckResult("image size within budget", ok, detail))
+
+    ok, detail = check_duplicates(runner.shared_objects())
+    results.append(CheckResult("each shared library once across all layers (by soname)", ok, detail))
     return results

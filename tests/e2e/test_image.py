@@ -53,6 +53,22 @@ def test_smoke_tests_pass_as_the_runtime_user(image):
     failed = [f"{r.name}: {r.detail}" for r in results if not r.ok]
     assert not failed, failed
     assert any(r.name == "horovodrun --check-build" for r in results)
+    assert any(r.name.startswith("each shared library once") for r in results)
+
+
+@pytest.mark.parametrize("name", list(MATRIX.variants))
+def test_each_shared_library_once_in_every_built_variant(name):
+    """Every variant whose image is on this engine (TEST_IMAGE's repository, the variant's
+    tag): each soname stored once across all of its layers. CI builds cpu only."""
+    ref = f"{IMAGE.rpartition(':')[0]}:{name}"
+    if name == VARIANT:
+        pytest.skip(f"{ref}: checked by its smoke tests (test_smoke_tests_pass_as_the_runtime_user)")
+    try:
+        docker.from_env().images.get(ref)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{ref} is not built on this engine")
+    ok, detail = smoke.check_duplicates(smoke.SmokeRunner(ref).shared_objects())
+    assert ok, detail
 
 
 def built_variant():
