@@ -168,7 +168,7 @@ def test_cuda_tensorflow_takes_its_cuda_wheels_with_torchs_pins():
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_bundled_cuda_libraries_are_deduplicated_in_the_pip_step(name):
+def test_bundled_libraries_are_deduplicated_in_the_pip_step(name):
     v = MATRIX.variants[name]
     text = render.render_dockerfile(v)
     frameworks = text.split("AS frameworks", 1)[1].split("\nFROM ", 1)[0]
@@ -177,6 +177,10 @@ def test_bundled_cuda_libraries_are_deduplicated_in_the_pip_step(name):
     assert ("dedupe-cuda-libs.sh" in pip_step[0]) == v.carries_cuda_wheels()
     assert v.carries_cuda_wheels() == (v.accelerator == "cuda" or name == "tpu")   # tpu: PyPI's CUDA torch
     assert "dedupe-cuda-libs.sh" not in text.replace(pip_step[0], "")      # in no later layer
+    # Debian's libgomp1 (for MXNet) next to torch's bundled libgomp.so.1: linked in the same step.
+    assert ("dedupe-system-libs.sh" in pip_step[0]) == render.dedupes_system_libs(v)
+    assert render.dedupes_system_libs(v) == (name == "cpu-mxnet")
+    assert "dedupe-system-libs.sh" not in text.replace(pip_step[0], "")
 
 
 def test_requirements_keep_tf_keras_off_the_tensorflow_dependency():
