@@ -28,6 +28,7 @@ RESULT_RE = re.compile(r"RESULT (\w+) rank=(\d+) size=(\d+) sum=(\[.*?\])")
 CHECK_RE = re.compile(r"\[(X| )\] (\w+)")
 # libfoo.so, libfoo.so.12, libcupti.so.2025.1.0 (and Python extension modules, which have no soname)
 SHARED_OBJECT_RE = re.compile(r"\.so(\.\d+)*$")
+SAVE_TIMEOUT_S = 1800          # `docker save` of a CUDA image: minutes before the first byte
 CHECK_BUILD_NAMES = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet", "gloo": "Gloo",
                      "mpi": "MPI", "nccl": "NCCL"}
 
@@ -253,7 +254,12 @@ class SmokeRunner:
 
     def shared_objects(self) -> list[SharedObject]:
         """Every shared library in every layer, streamed from the engine's `docker save`."""
-        chunks = self.client.images.get(self.image).save(named=False)
+        import docker
+
+        # The engine sends nothing until it has prepared the archive: for the 8 GB CUDA
+        # images that took longer than the SDK's default 60 s read timeout.
+        client = docker.from_env(timeout=SAVE_TIMEOUT_S)
+        chunks = client.images.get(self.image).save(named=False)
         return list(layer_shared_objects(io.BufferedReader(_ChunkStream(chunks), buffer_size=1 << 20)))
 
 
