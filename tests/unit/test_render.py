@@ -183,6 +183,15 @@ def test_bundled_libraries_are_deduplicated_in_the_pip_step(name):
     assert "dedupe-system-libs.sh" not in text.replace(pip_step[0], "")
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_libraries_debian_installs_twice_are_linked_in_the_apt_step(name):
+    text = render.render_dockerfile(MATRIX.variants[name])
+    base = text.split("AS base", 1)[1].split("\nFROM ", 1)[0]
+    (apt_step,) = [step for step in base.split("\nRUN ") if "apt-install.sh \\" in step]
+    assert "/tmp/scripts/link-identical-libs.sh /usr/lib" in apt_step
+    assert text.count("link-identical-libs.sh /usr/lib") == 1              # in no later layer
+
+
 def test_requirements_keep_tf_keras_off_the_tensorflow_dependency():
     req = render.requirements(MATRIX.variants["cpu"])
     assert "tensorflow-cpu==2.21.0" in req["runtime.txt"]
