@@ -163,17 +163,6 @@ def runtime_apt(v: Variant) -> list[str]:
     return packages
 
 
-# Debian packages of the runtime whose library a framework's wheel also bundles under the
-# same name: torch's CPU wheel ships torch/lib/libgomp.so.1 (GNU OpenMP).
-BUNDLED_BY_WHEELS = {"libgomp1"}
-
-
-def dedupes_system_libs(v: Variant) -> bool:
-    """The frameworks step links wheels' copies of the runtime's Debian libraries to Debian's
-    (scripts/dedupe-system-libs.sh), so the image keeps one copy of each soname."""
-    return bool(BUNDLED_BY_WHEELS & set(runtime_apt(v)))
-
-
 def torch_extras(v: Variant) -> str | None:
     """torch-extras.txt: torchvision/torchaudio for the runtime stage's own layer. It lives
     outside requirements/, which the builder mounts: adding a companion recompiles nothing."""
@@ -227,7 +216,7 @@ def _environment() -> jinja2.Environment:
 
 def render_dockerfile(v: Variant) -> str:
     text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
-                                                                runtime_apt=runtime_apt(v), dedupe_system_libs=dedupes_system_libs(v),
+                                                                runtime_apt=runtime_apt(v),
                                                                 torch_extras=v.torch_companions())
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0

@@ -177,10 +177,12 @@ def test_bundled_libraries_are_deduplicated_in_the_pip_step(name):
     assert ("dedupe-cuda-libs.sh" in pip_step[0]) == v.carries_cuda_wheels()
     assert v.carries_cuda_wheels() == (v.accelerator == "cuda" or name == "tpu")   # tpu: PyPI's CUDA torch
     assert "dedupe-cuda-libs.sh" not in text.replace(pip_step[0], "")      # in no later layer
-    # Debian's libgomp1 (for MXNet) next to torch's bundled libgomp.so.1: linked in the same step.
-    assert ("dedupe-system-libs.sh" in pip_step[0]) == render.dedupes_system_libs(v)
-    assert render.dedupes_system_libs(v) == (name == "cpu-mxnet")
-    assert "dedupe-system-libs.sh" not in text.replace(pip_step[0], "")
+    # Wheels' copies of Debian's or an nvidia-* wheel's libraries: linked in each pip step
+    # that installs wheels with such copies (torch: libgomp; torchvision: libcudart, zlib).
+    assert "/tmp/scripts/dedupe-bundled-libs.sh" in pip_step[0]
+    extras = [step for step in text.split("\nRUN ") if "pip.sh install -r /tmp/torch-extras.txt" in step]
+    assert len(extras) == bool(v.torch_companions())
+    assert all("&& /tmp/scripts/dedupe-bundled-libs.sh" in step for step in extras)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
