@@ -106,7 +106,9 @@ def cmd_list(matrix, version, registry) -> int:
     for v in matrix.variants.values():
         versions = render.component_versions(v)
         hvd = render.horovod_build(v)
-        print(f"{v.name}  [{v.verified}]  {v.description}")
+        seen = v.verified
+        minutes = f"{seen.build_minutes:g} min cold build, " if seen.build_minutes else ""
+        print(f"{v.name}  [{seen.how} {seen.date}: {minutes}{seen.size_gb:g} GB]  {v.description}")
         print(f"  tags:        {', '.join(variant_tags(v, matrix.repository, version, registry))}")
         print(f"  base:        {v.base_image()}  python {v.python}  accelerator {v.accelerator}")
         if v.cuda:

@@ -15,7 +15,7 @@ def ci_matrix(matrix: Matrix, version: str, registry: str | None = None) -> dict
             "accelerator": v.accelerator,
             "distro": v.distro,
             "python": v.python,
-            "verified": v.verified,
+            "verified": v.verified.how,
             # CUDA images need tens of GB while building, the TPU one (PyPI's CUDA torch) ~8 GB:
             # the job frees the runner's disk first.
             "free_disk": v.accelerator in ("cuda", "tpu"),

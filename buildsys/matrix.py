@@ -8,6 +8,7 @@ one MatrixError line: `matrix.yaml: variant 'cpu': field 'cuda.version': ...`.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -100,6 +101,14 @@ class Horovod(Strict):
     gpu_operations: Literal["nccl"] | None = None
 
 
+class Verified(Strict):
+    """How far the variant has been taken on a machine without GPUs, and what it measured."""
+    how: Literal["ci", "built"]                 # ci: built and smoke-tested by every CI run; built: here, once
+    date: dt.date                               # when it was built and measured
+    build_minutes: float | None = Field(gt=0)   # wall time of a build from a cold start; null: not measured
+    size_gb: float = Field(gt=0)                # the image's size (docker image inspect: Size / 1e9)
+
+
 class Variant(Strict):
     name: str
     description: str
@@ -115,7 +124,7 @@ class Variant(Strict):
     mpi4py: str | None = None
     aliases: list[str] = []
     size_budget_gb: float = Field(gt=0)
-    verified: Literal["ci", "built", "render-only"]
+    verified: Verified
     # Companions pinned above but left out of this build (`build.py build --without`), e.g.
     # where PyTorch's CPU torchvision cannot be reached; the labels and manifest say so.
     without: list[Literal["torchvision", "torchaudio"]] = []
@@ -227,9 +236,9 @@ def _type_name(annotation) -> str:
         nullable = " or null" if type(None) in get_args(annotation) else ""
         return " or ".join(_type_name(a) for a in args) + nullable
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "a mapping"
-    return {str: "a string", float: "a number", int: "an integer", bool: "true/false"}.get(annotation,
-                                                                                        str(annotation))
+        return "a mapping of " + ", ".join(annotation.model_fields)
+    return {str: "a string", float: "a number", int: "an integer", bool: "true/false",
+            dt.date: "a date (YYYY-MM-DD)"}.get(annotation, str(annotation))
 
 
 def _describe(error: dict) -> tuple[str, str]:
@@ -271,6 +280,9 @@ def build_variant(name: str, data: Any, defaults: dict, source: str) -> Variant:
     if variant.accelerator != "cuda" and variant.cuda is not None:
         raise MatrixError(f"{source}: variant {name!r}: field 'cuda': must be absent when accelerator is "
                           f"{variant.accelerator!r}; allowed: accelerator 'cuda'")
+    if variant.verified.size_gb > variant.size_budget_gb:
+        raise MatrixError(f"{source}: variant {name!r}: field 'verified.size_gb': {variant.verified.size_gb} is "
+                          f"over size_budget_gb {variant.size_budget_gb}; allowed: <= {variant.size_budget_gb}")
     if not variant.pytorch and not variant.tensorflow and not variant.mxnet:
         raise MatrixError(f"{source}: variant {name!r}: field 'pytorch': a variant needs pytorch, tensorflow "
                           f"and/or mxnet")

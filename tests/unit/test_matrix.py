@@ -63,6 +63,39 @@ def test_wrong_type_number_as_string():
     assert "field 'size_budget_gb'" in message and "allowed: a number" in message
 
 
+# --------------------------------------------------------------------------- verified: what a build measured
+
+def test_every_variant_records_a_real_build():
+    for v in load_matrix(ROOT / "matrix.yaml").variants.values():
+        assert v.verified.how in ("ci", "built"), v.name
+        assert 0 < v.verified.size_gb <= v.size_budget_gb, v.name
+
+
+def test_render_only_is_no_longer_a_verification():
+    message = broken(lambda d: d["variants"]["cu128"].update(verified="render-only"))
+    assert "field 'verified'" in message and "a mapping of how, date, build_minutes, size_gb" in message
+
+
+def test_verified_how_is_ci_or_built():
+    message = broken(lambda d: d["variants"]["cu128"]["verified"].update(how="render-only"))
+    assert "field 'verified.how'" in message and "'ci'" in message and "'built'" in message
+
+
+def test_verified_date_is_a_date():
+    message = broken(lambda d: d["variants"]["cu128"]["verified"].update(date="today"))
+    assert "field 'verified.date'" in message and "YYYY-MM-DD" in message
+
+
+def test_verified_size_over_the_budget():
+    message = broken(lambda d: d["variants"]["cpu"]["verified"].update(size_gb=9.5))
+    assert "field 'verified.size_gb'" in message and "9.5 is over size_budget_gb 3.5" in message
+
+
+def test_verified_needs_every_field():
+    message = broken(lambda d: d["variants"]["cpu"]["verified"].pop("size_gb"))
+    assert "field 'verified.size_gb'" in message
+
+
 def test_wrong_type_python_as_float():
     message = broken(lambda d: d["variants"]["cpu"].update(python=3.11))
     assert "field 'python'" in message and "allowed: a string" in message
