@@ -41,7 +41,8 @@ def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
     translation = translate(env)
     config = load_config(translation.env, image.frameworks, image.launchers, tuple(script_args),
                          translation.sources, xla=image.xla)
-    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla)
+    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla,
+                     mpirun="mpi" in image.launchers)
 
 
 def preflight_summary(plan: NodePlan) -> str:
@@ -50,8 +51,10 @@ def preflight_summary(plan: NodePlan) -> str:
     c = plan.config
     accel = plan.accelerator
     xla = f", PJRT_DEVICE={accel.pjrt_device}" if accel.xla else ""
+    transport = {"mpi": " (Horovod over MPI: Open MPI shared memory)",
+                 "gloo": " (Horovod over Gloo)"}.get(plan.horovod_controller or "", "")
     return (f"preflight: accelerator {accel.kind}{xla}; {hw.gpus} GPU(s), {hw.tpu_text()}, {hw.cpus} CPU(s), "
-            f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher} TRAIN_MODE={c.train_mode} "
+            f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher}{transport} TRAIN_MODE={c.train_mode} "
             f"NPROC_PER_NODE={plan.nproc}")
 
 
