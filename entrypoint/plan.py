@@ -128,6 +128,17 @@ class NodePlan:
         return self.mode == "distributed" and self.config.elastic and self.config.launcher == "horovod"
 
     @property
+    def torchrun_in_process(self) -> bool:
+        """torchrun across nodes: torch's elastic agent runs inside the entrypoint (agent.py),
+        which has imported torch for the job store, rather than in a second process that
+        imports it again. One node (no job store, no torch in the entrypoint) and PyTorch/XLA
+        keep a torchrun subprocess."""
+        c = self.config
+        fw = "tensorflow" if c.framework == "keras" else c.framework
+        return self.mode == "distributed" and c.launcher == "native" and fw == "pytorch" \
+            and not self.accelerator.xla
+
+    @property
     def world_size(self) -> int | None:
         if self.direct:
             return self.direct.world_size
@@ -234,7 +245,8 @@ def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int, co
                                               if accel.xla else "")
         nnodes = f"{config.min_nodes}:{config.max_nodes}" if config.elastic else str(config.num_nodes)
         xla = f", PJRT_DEVICE={accel.pjrt_device}, one process per chip" if accel.xla else ""
-        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla})"
+        where = "" if accel.xla else ", torch's elastic agent inside the entrypoint"
+        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla}{where})"
     if fw == "mxnet":
         kind = "dist_async" if config.sync_mode == "async" else "dist_sync"
         return (f"MXNet parameter servers, {kind} (scheduler + {config.num_ps} server(s) on the master, "

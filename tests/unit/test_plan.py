@@ -322,3 +322,11 @@ def test_horovod_stays_on_gloo_across_nodes_on_gpus_without_mpirun_or_when_asked
     [spec, *_] = plan_processes(p, at(0, nodes(*([1, 1] if case == "two nodes" else [p.nproc])),
                                       horovod_addr="127.0.0.1", horovod_port=1))
     assert spec.env["HOROVOD_CONTROLLER"] == "gloo" and spec.argv[0] == "py"
+
+
+def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
+    assert plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m").torchrun_in_process
+    assert plan(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m").torchrun_in_process
+    assert not plan(NPROC_PER_NODE=2).torchrun_in_process                       # one node: no torch here
+    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", LAUNCHER="horovod").torchrun_in_process
+    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow").torchrun_in_process
