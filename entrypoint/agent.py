@@ -67,6 +67,14 @@ class _ChildThreadWarning(logging.Filter):
         return "running on a child thread" not in record.getMessage()
 
 
+def _torch_log_handlers(streams) -> list[logging.StreamHandler]:
+    """torch's logging handlers that write to these streams (they hold the stream itself)."""
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    return [h for lg in loggers for h in lg.handlers
+            if isinstance(h, logging.StreamHandler) and any(h.stream is s for s in streams)]
+
+
 def launch_config(launch: TorchrunLaunch, python: str, grace_period: float):
     """(LaunchConfig, program, arguments): what torchrun would build from this launch."""
     from torch.distributed.run import config_from_args, parse_args
@@ -88,9 +96,10 @@ def _agent(config, program, args, stop: dict):
 
     class StoppableAgent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
-            if stop.get("signum") is not None:
+            if stop["signum"] is not None:
                 # What torch's own handler raises on SIGTERM: the agent shuts its workers
                 # down with the signal and leaves; the rendezvous stays open for the others.
+                stop["seen"].set()
                 raise SignalException("stopped by the entrypoint", sigval=signal.Signals(stop["signum"]))
             return super()._monitor_workers(worker_group)
 
@@ -116,7 +125,7 @@ class InProcessTorchrun:
         self.watch = watch
         self.signals = signals or Signals()
         self.token = token or new_token()
-        self._stop: dict = {}
+        self._stop: dict = {"signum": None, "seen": threading.Event()}
         self._result: Outcome | None = None
         self._done = threading.Event()
 
@@ -128,7 +137,10 @@ class InProcessTorchrun:
         os.environ[TOKEN_VAR] = self.token
         sentinel = Sentinel(self.token)
         streams = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = _Lines(self.log, f"[{AGENT_LABEL}] ")
+        sys.stdout = sys.stderr = lines = _Lines(self.log, f"[{AGENT_LABEL}] ")
+        handlers = {h: h.stream for h in _torch_log_handlers(streams)}
+        for handler in handlers:
+            handler.setStream(lines)
         quiet = _ChildThreadWarning()
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(quiet)
         try:
@@ -143,6 +155,8 @@ class InProcessTorchrun:
             sweep(self.token)
             sentinel.close()
             sys.stdout, sys.stderr = streams
+            for handler, stream in handlers.items():
+                handler.setStream(stream)
 
     def _run_agent(self, config, program, args) -> None:
         try:
@@ -158,7 +172,7 @@ class InProcessTorchrun:
                     spec.rdzv_handler.shutdown()
             self._result = self._outcome(result)
         except BaseException as exc:          # noqa: BLE001 - the node's outcome, whatever ended the agent
-            if self._stop.get("signum") is None:
+            if self._stop["signum"] is None:
                 text = str(exc).splitlines()[0] if str(exc) else ""
                 self.log.say(f"{AGENT_LABEL}: {type(exc).__name__}: {text}", error=True)
             self._result = Outcome.failed(f"{AGENT_LABEL} failed: {type(exc).__name__}", 1)
@@ -198,12 +212,17 @@ class InProcessTorchrun:
 
     def _end(self, thread: threading.Thread, outcome: Outcome) -> None:
         """Stop the agent if it still runs: its workers get SIGTERM, then SIGKILL after the
-        grace period. An agent that does not end (in a rendezvous, or its exit barrier)
-        is left behind: its workers are swept by the token, and this process exits."""
+        grace period (torch's shutdown, or the token sweep in run()). An agent busy elsewhere
+        (a rendezvous, a store call to a master that froze) does not see the request within
+        a few monitor intervals: then the workers get SIGTERM from here, and the agent is
+        left behind when this process exits."""
         if self._done.is_set():
             return
+        deadline = time.monotonic() + self.grace
         self._stop["signum"] = signal.SIGTERM
-        thread.join(self.grace + 2 * POLL_INTERVAL + 1.0)
+        if not self._stop["seen"].wait(5 * self.launch.monitor_interval + POLL_INTERVAL):
+            sweep(self.token, signal.SIGTERM)
+        thread.join(max(0.0, deadline - time.monotonic()) + POLL_INTERVAL)
         if thread.is_alive():
             self.log.say(f"{AGENT_LABEL}'s agent did not stop within GRACE_PERIOD={self.grace:g}s: "
                          f"SIGKILL to its workers")
