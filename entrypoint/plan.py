@@ -648,6 +648,8 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
         lines.append(f"  WARNING: {warning}")
     if processes is not None:
         lines.append("  processes:" + (" (assuming every node looks like this one)" if plan.mode == "distributed" else ""))
+        if plan.torchrun_in_process:
+            lines.append("    (torch's elastic agent runs inside the entrypoint, configured by this torchrun command line)")
         for p in processes:
             keys = sorted(k for k in p.env if base_env.get(k) != p.env[k])
             shown = " ".join(f"{k}={shlex.quote(p.env[k])}" for k in keys if k != "TF_CONFIG")

@@ -330,3 +330,5 @@ def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
     assert not plan(NPROC_PER_NODE=2).torchrun_in_process                       # one node: no torch here
     assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", LAUNCHER="horovod").torchrun_in_process
     assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow").torchrun_in_process
+    text = explain(p := plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), plan_processes(p, assumed_placement(p)), {})
+    assert "agent runs inside the entrypoint" in text and "torch.distributed.run" in text
