@@ -18,6 +18,7 @@ the agent writes: '[torchrun] ...').
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -109,7 +110,10 @@ def _agent(config, program, args, stop: dict):
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
                       rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
-    extra = {"shutdown_timeout": config.shutdown_timeout} if hasattr(config, "shutdown_timeout") else {}
+    # GRACE_PERIOD before SIGKILL where this torch's agent takes it; else torch's 30 s,
+    # cut short by the token sweep after GRACE_PERIOD (InProcessTorchrun._end, run()).
+    takes = inspect.signature(LocalElasticAgent.__init__).parameters
+    extra = {"shutdown_timeout": config.shutdown_timeout} if "shutdown_timeout" in takes else {}
     agent = StoppableAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
                            log_line_prefix_template=config.log_line_prefix_template, **extra)
     return agent, spec, SignalException
@@ -155,6 +159,7 @@ class InProcessTorchrun:
             sweep(self.token)
             sentinel.close()
             sys.stdout, sys.stderr = streams
+            logging.getLogger("torch.distributed.elastic.multiprocessing.api").removeFilter(quiet)
             for handler, stream in handlers.items():
                 handler.setStream(stream)
 
