@@ -1,6 +1,9 @@
 """3. Allreduce throughput between 2 processes: through the image's stack (the entrypoint
-launching Horovod/gloo, torchrun/gloo, mpirun/MPI) against raw torchrun and raw mpirun,
-with Horovod's tensor fusion on and off. busbw = algbw x 2(n-1)/n (nccl-tests)."""
+launching Horovod, torchrun/gloo, mpirun/MPI) against raw torchrun and raw mpirun, with
+Horovod's tensor fusion on and off, and Horovod's two controllers on one node: MPI (the
+default there: Open MPI's shared memory) and Gloo (HOROVOD_CONTROLLER=gloo). Each row's
+ratio is against its raw counterpart at the same size: raw mpi4py for Horovod and MPI, raw
+torchrun for torch.distributed. busbw = algbw x 2(n-1)/n (nccl-tests)."""
 
 from __future__ import annotations
 
@@ -16,10 +19,13 @@ def stacks(sizes: str) -> list[tuple[str, list[str], dict]]:
     local = dict(TRAIN_MODE="local", NPROC_PER_NODE=N, ENTRYPOINT=ALLREDUCE, OMP_NUM_THREADS=1)
     sweep = ["--sizes", sizes]
     return [
-        ("image: Horovod gloo", entrypoint("--stack", "hvd", *sweep), base_env(LAUNCHER="horovod", **local)),
-        ("image: Horovod gloo, 16 tensors, fusion on", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
+        ("image: Horovod (MPI controller, the one-node default)", entrypoint("--stack", "hvd", *sweep),
          base_env(LAUNCHER="horovod", **local)),
-        ("image: Horovod gloo, 16 tensors, fusion off", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
+        ("image: Horovod, Gloo controller", entrypoint("--stack", "hvd", *sweep),
+         base_env(LAUNCHER="horovod", HOROVOD_CONTROLLER="gloo", **local)),
+        ("image: Horovod, 16 tensors, fusion on", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
+         base_env(LAUNCHER="horovod", **local)),
+        ("image: Horovod, 16 tensors, fusion off", entrypoint("--stack", "hvd", "--tensors", "16", *sweep),
          base_env(LAUNCHER="horovod", HOROVOD_FUSION_THRESHOLD=0, **local)),
         ("image: torch gloo (torchrun)", entrypoint("--stack", "torch", *sweep), base_env(**local)),
         ("image: MPI (mpirun, mpi4py)", entrypoint("--stack", "mpi4py", *sweep), base_env(LAUNCHER="mpi", **local)),
@@ -30,11 +36,22 @@ def stacks(sizes: str) -> list[tuple[str, list[str], dict]]:
     ]
 
 
+RAW_TORCH, RAW_MPI = "raw torch.distributed gloo", "raw mpi4py (mpirun)"
+
+
+def raw_counterpart(stack: str) -> str:
+    return RAW_TORCH if "torch" in stack else RAW_MPI
+
+
 def measure(sizes: list[int]) -> list[dict]:
     rows = []
     for name, cmd, env in stacks(",".join(map(str, sizes))):
         code, out, _ = run(cmd, env, timeout=600)
         rows += parse(name, sizes, N, code, out)
+    seconds = {(r["stack"], r["bytes"]): r["seconds"] for r in rows}
+    for r in rows:
+        r["raw"] = raw_counterpart(r["stack"])
+        r["ratio"] = r["seconds"] / seconds.get((r["raw"], r["bytes"]), float("nan"))
     return rows
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import socket
 import statistics
@@ -53,8 +54,17 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int,
     return proc.returncode, out, time.perf_counter() - start
 
 
-def run_many(cmds: list[tuple[list[str], dict[str, str]]], timeout: float = 300) -> tuple[list[int], str, float]:
-    """Start several commands at once (the nodes of a job); wait for all."""
+def children_cpu_seconds() -> float:
+    """User + system CPU time of every descendant waited for so far (processes wait for
+    their own children, so a launcher's workers count once it is waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_many(cmds: list[tuple[list[str], dict[str, str]]],
+             timeout: float = 300) -> tuple[list[int], str, float, float]:
+    """Start several commands at once (the nodes of a job); wait for all. Returns the exit
+    codes, the output, the wall-clock start and the seconds until the last one ended."""
     start = time.time()
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True, cwd=str(ROOT)) for c, e in cmds]
@@ -73,7 +83,7 @@ def run_many(cmds: list[tuple[list[str], dict[str, str]]], timeout: float = 300)
             p.returncode = 124
         outputs.append(out)
         codes.append(p.returncode)
-    return codes, "\n".join(outputs), start
+    return codes, "\n".join(outputs), start, time.time() - start
 
 
 def stamps(output: str, tag: str) -> list[float]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmarks, side by side in one run: launch overhead, rendezvous scaling, allreduce
-throughput, image size and rebuild time, training scaling, elastic resumption.
+"""Benchmarks, side by side in one run: launch overhead, rendezvous scaling, compose start-up,
+allreduce throughput, image size and rebuild time, training scaling, elastic resumption.
 
     python bench/run.py                 default sizes (under 10 minutes on 2 cores)
     python bench/run.py --full          + 16 nodes and 256 MB allreduces
@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import collectives, elastic, image, launch, rendezvous, report, training  # noqa: E402
+from bench import collectives, compose_start, elastic, image, launch, rendezvous, report, training  # noqa: E402
 
-SECTIONS = ("launch", "rendezvous", "collectives", "image", "training", "elastic")
+SECTIONS = ("launch", "rendezvous", "compose", "collectives", "image", "training", "elastic")
 
 
 def machine() -> str:
@@ -42,6 +42,7 @@ def main() -> int:
     size.add_argument("--smoke", action="store_true", help="one run of tiny sizes (CI)")
     p.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
     p.add_argument("--repeats", type=int, help="runs per measurement (default 5; 1 with --smoke)")
+    p.add_argument("--image", default="distributed-training-framework:cpu", help="image for the compose section")
     args = p.parse_args()
 
     repeats = args.repeats or (1 if args.smoke else 5)
@@ -65,6 +66,9 @@ def main() -> int:
         step("rendezvous scaling")
         nodes = [2] if args.smoke else [2, 4, 8, 16] if args.full else [2, 4, 8]
         results["rendezvous"] = rendezvous.measure(nodes, repeats)
+    if "compose" in sections:
+        step("compose up -> first collective")
+        results["compose"] = compose_start.measure(repeats, args.image)
     if "collectives" in sections:
         step("allreduce throughput")
         top = 14 if args.smoke else 28 if args.full else 26            # 16 KB, 256 MB, 64 MB

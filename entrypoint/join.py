@@ -244,12 +244,13 @@ class Job:
         return self.store.launch()
 
     # ----------------------------------------------------------------- running and finishing
-    def watch(self, serverless: bool, token: str | None = None) -> JobWatch:
+    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> JobWatch:
         """What the supervisor watches while this node's processes run. `serverless`: the
         node has no process of its own to wait for (TF servers, MPI hosts); `token`: the
-        node token of its processes, for elastic torchrun (watch.py)."""
+        node token of its processes, for elastic torchrun (watch.py); `agent_in_process`:
+        torch's agent runs in the entrypoint (agent.py)."""
         self._watch = JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
-                               serverless=serverless, token=token)
+                               serverless=serverless, token=token, agent_in_process=agent_in_process)
         return self._watch
 
     def finish(self, outcome: Outcome) -> Outcome:
@@ -279,7 +280,7 @@ class LocalJob:
         return Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
                          horovod_addr="127.0.0.1", horovod_port=self._horovod.port if self._horovod else None)
 
-    def watch(self, serverless: bool, token: str | None = None) -> None:
+    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> None:
         return None
 
     def finish(self, outcome: Outcome) -> Outcome:

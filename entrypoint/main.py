@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from . import hardware, manifest
@@ -27,7 +28,8 @@ from .ecosystem import translate
 from .join import Job, LocalJob, NotJoined
 from .log import Log
 from .outcome import Outcome
-from .plan import NodePlan, Placement, assumed_placement, command_env, explain, plan_node, plan_processes
+from .plan import (NodePlan, Placement, assumed_placement, command_env, explain, plan_node, plan_processes,
+                   torchrun_launch)
 from .reaper import new_token
 from .signals import Signals
 from .supervisor import Supervisor
@@ -41,7 +43,8 @@ def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
     translation = translate(env)
     config = load_config(translation.env, image.frameworks, image.launchers, tuple(script_args),
                          translation.sources, xla=image.xla)
-    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla)
+    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla,
+                     mpirun="mpi" in image.launchers)
 
 
 def preflight_summary(plan: NodePlan) -> str:
@@ -50,8 +53,10 @@ def preflight_summary(plan: NodePlan) -> str:
     c = plan.config
     accel = plan.accelerator
     xla = f", PJRT_DEVICE={accel.pjrt_device}" if accel.xla else ""
+    transport = {"mpi": " (Horovod over MPI: Open MPI shared memory)",
+                 "gloo": " (Horovod over Gloo)"}.get(plan.horovod_controller or "", "")
     return (f"preflight: accelerator {accel.kind}{xla}; {hw.gpus} GPU(s), {hw.tpu_text()}, {hw.cpus} CPU(s), "
-            f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher} TRAIN_MODE={c.train_mode} "
+            f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher}{transport} TRAIN_MODE={c.train_mode} "
             f"NPROC_PER_NODE={plan.nproc}")
 
 
@@ -78,15 +83,23 @@ class Runner(Protocol):
 
 def node_runner(plan: NodePlan, job: Job | LocalJob, placement: Placement, env: dict[str, str], log: Log,
                 signals: Signals) -> Runner:
-    """The launch seam: what runs this node's processes and returns its Outcome. Today a
-    Supervisor over the planned processes (torchrun among them, as a subprocess rendered
-    from torchrun.TorchrunLaunch), or, for elastic Horovod, the node that starts workers on
-    the driver's orders. Running torch's elastic agent inside this process would be one
-    more runner, built from the same TorchrunLaunch."""
+    """The launch seam: what runs this node's processes and returns its Outcome: torch's
+    elastic agent in this process for torchrun across nodes (agent.py; the entrypoint has
+    imported torch for the job store already), else a Supervisor over the planned processes
+    (torchrun on one node, as a subprocess rendered from torchrun.TorchrunLaunch), or, for
+    elastic Horovod, the node that starts workers on the driver's orders."""
     if plan.horovod_elastic:
         from .horovod_elastic import HorovodElasticNode
         log.say(f"running Horovod workers as the driver asks: {plan.launcher}")
         return HorovodElasticNode(job.store, plan, placement, env, log, signals, job.watch(serverless=False))
+    if plan.torchrun_in_process:
+        from .agent import InProcessTorchrun
+        launch = torchrun_launch(plan, placement)
+        launch = replace(launch, env={**launch.env, "DISTTRAIN_LAUNCHER": plan.config.launcher})
+        log.say(f"starting torch's elastic agent in this process: {plan.launcher}")
+        token = new_token()
+        return InProcessTorchrun(launch, plan.python, plan.config.grace_period, log, signals=signals, token=token,
+                                 watch=job.watch(serverless=False, token=token, agent_in_process=True))
     processes = plan_processes(plan, placement)
     log.say(f"starting {len(processes)} process(es): {plan.launcher}")
     token = new_token()

@@ -115,6 +115,7 @@ class NodePlan:
     accelerator: Accelerator = Accelerator("cpu")
     user_tpu_env: tuple[tuple[str, str], ...] = ()    # TPU_WORKER_* the platform set itself
     numeric_addr: bool = False       # publish an IP, not a name: MXNet's ps-lite binds to it
+    horovod_controller: str | None = None    # LAUNCHER=horovod: 'mpi' (mpirun, one node) or 'gloo'
 
     @property
     def xla_host(self) -> bool:
@@ -125,6 +126,17 @@ class NodePlan:
     def horovod_elastic(self) -> bool:
         """hvd.elastic: workers are started on demand by Horovod's ElasticDriver (horovod_elastic.py)."""
         return self.mode == "distributed" and self.config.elastic and self.config.launcher == "horovod"
+
+    @property
+    def torchrun_in_process(self) -> bool:
+        """torchrun across nodes: torch's elastic agent runs inside the entrypoint (agent.py),
+        which has imported torch for the job store, rather than in a second process that
+        imports it again. One node (no job store, no torch in the entrypoint) and PyTorch/XLA
+        keep a torchrun subprocess."""
+        c = self.config
+        fw = "tensorflow" if c.framework == "keras" else c.framework
+        return self.mode == "distributed" and c.launcher == "native" and fw == "pytorch" \
+            and not self.accelerator.xla
 
     @property
     def world_size(self) -> int | None:
@@ -191,7 +203,21 @@ def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, use
     return env
 
 
-def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) -> str:
+def horovod_controller(config: Config, mode: str, accel: Accelerator, user_env: dict[str, str],
+                       mpirun: bool) -> str | None:
+    """Horovod's controller (and CPU operations) for LAUNCHER=horovod. On one CPU node, MPI:
+    Open MPI's shared memory beats Gloo's loopback TCP (README, Benchmarks), and mpirun
+    needs no SSH on one host. Across nodes, Gloo: SSH-free with the entrypoint's rendezvous.
+    HOROVOD_CONTROLLER=gloo keeps Gloo on one node; an image without mpirun has only Gloo."""
+    if config.launcher != "horovod":
+        return None
+    if mode == "local" and accel.kind == "cpu" and mpirun \
+            and user_env.get("HOROVOD_CONTROLLER", "").strip().lower() != "gloo":
+        return "mpi"
+    return "gloo"
+
+
+def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int, controller: str | None) -> str:
     endpoint = f"{config.master_addr}:{config.master_port}"
     fw = "tensorflow" if config.framework == "keras" else config.framework
     if mode == "direct":
@@ -205,6 +231,8 @@ def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) ->
     if config.launcher == "mpi":
         return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={config.hostfile}" if config.hostfile else "")
     if config.launcher == "horovod":
+        if controller == "mpi":
+            return "Horovod's MPI controller under mpirun on this node (Open MPI shared memory), no SSH"
         if mode == "distributed" and config.elastic:
             return (f"Horovod elastic, no SSH: Horovod's ElasticDriver on the master, {config.min_nodes}:"
                     f"{config.max_nodes} nodes from the job store")
@@ -217,7 +245,8 @@ def _launcher_text(config: Config, mode: str, accel: Accelerator, nproc: int) ->
                                               if accel.xla else "")
         nnodes = f"{config.min_nodes}:{config.max_nodes}" if config.elastic else str(config.num_nodes)
         xla = f", PJRT_DEVICE={accel.pjrt_device}, one process per chip" if accel.xla else ""
-        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla})"
+        where = "" if accel.xla else ", torch's elastic agent inside the entrypoint"
+        return f"torchrun --nnodes={nnodes} (c10d rendezvous at {endpoint}{xla}{where})"
     if fw == "mxnet":
         kind = "dist_async" if config.sync_mode == "async" else "dist_sync"
         return (f"MXNet parameter servers, {kind} (scheduler + {config.num_ps} server(s) on the master, "
@@ -237,8 +266,9 @@ def master_servers(config: Config) -> int:
 
 
 def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = None,
-              direct: DirectRank | None = None, python: str = "python3", xla: bool = False) -> NodePlan:
-    """`xla`: the image carries PyTorch/XLA."""
+              direct: DirectRank | None = None, python: str = "python3", xla: bool = False,
+              mpirun: bool = True) -> NodePlan:
+    """`xla`: the image carries PyTorch/XLA; `mpirun`: the image carries Open MPI's mpirun."""
     user_env = user_env or {}
     accel = accelerators.choose(config, hw, user_env, xla)
     gpus = hw.gpus if accel.kind == "gpu" else 0
@@ -290,7 +320,8 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
             exchange=exchange,
             horovod_server=fixed_horovod and config.role == "master",
             timeout=config.rdzv_timeout)
-    elif mode == "local" and config.launcher == "horovod":
+    controller = None if direct else horovod_controller(config, mode, accel, user_env, mpirun)
+    if mode == "local" and controller == "gloo":
         rendezvous = Rendezvous("127.0.0.1:0", serve_store=False, exchange=False, horovod_server=True,
                                 timeout=config.rdzv_timeout)
     if fw in ("tensorflow", "mxnet") and config.launcher == "native" and mode != "direct":
@@ -306,11 +337,11 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
         # Where the processes report training rounds (disttrain.elastic): the job store.
         env.update(DISTTRAIN_JOB_STORE=f"{config.master_addr}:{config.master_port}",
                    DISTTRAIN_JOB_PREFIX=job_prefix(config.run_id))
-    return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc),
+    return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc, controller),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
                     ports_needed=ports_needed, hardware=hw, accelerator=accel,
                     user_tpu_env=tuple((k, user_env[k]) for k in accelerators.TPU_WORKER_VARIABLES if k in user_env),
-                    numeric_addr=mxnet_ps)
+                    numeric_addr=mxnet_ps, horovod_controller=controller)
 
 
 # --------------------------------------------------------------------------- step 2: launchers
@@ -553,6 +584,9 @@ def plan_processes(plan: NodePlan, placement: Placement) -> list[ProcessSpec]:
         return xla_host_processes(plan, placement, store_port)
     if c.launcher == "mpi":
         return mpi_processes(plan, placement)
+    if plan.horovod_controller == "mpi":
+        # mpirun starts the entrypoint per rank (as LAUNCHER=mpi): Horovod's MPI controller.
+        return [replace(s, env={**s.env, "DISTTRAIN_LAUNCHER": c.launcher}) for s in mpi_processes(plan, placement)]
     if c.launcher == "horovod":
         if plan.horovod_elastic:
             return []                  # Horovod's ElasticDriver orders them (horovod_elastic.py)
@@ -614,6 +648,8 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
         lines.append(f"  WARNING: {warning}")
     if processes is not None:
         lines.append("  processes:" + (" (assuming every node looks like this one)" if plan.mode == "distributed" else ""))
+        if plan.torchrun_in_process:
+            lines.append("    (torch's elastic agent runs inside the entrypoint, configured by this torchrun command line)")
         for p in processes:
             keys = sorted(k for k in p.env if base_env.get(k) != p.env[k])
             shown = " ".join(f"{k}={shlex.quote(p.env[k])}" for k in keys if k != "TF_CONFIG")

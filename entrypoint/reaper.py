@@ -41,12 +41,14 @@ def carriers(token: str) -> list:
     return found
 
 
-def stale(token: str, before: float) -> list:
+def stale(token: str, before: float, spare_children: bool = True) -> list:
     """The processes carrying the token that started before wall-clock time `before`,
-    except this process's own children (the launchers the supervisor started)."""
+    except this process's own children when they are the launchers the supervisor started
+    (`spare_children`; not when torch's agent runs in this process: its children are the
+    training processes)."""
     import psutil
 
-    own = {child.pid for child in psutil.Process().children()}
+    own = {child.pid for child in psutil.Process().children()} if spare_children else set()
     found = []
     for proc in carriers(token):
         try:

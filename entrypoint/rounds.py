@@ -20,8 +20,9 @@ from .log import Log
 
 
 class Rounds:
-    def __init__(self, store: JobStore, log: Log, token: str | None = None):
+    def __init__(self, store: JobStore, log: Log, token: str | None = None, agent_in_process: bool = False):
         self.store, self.log, self.token = store, log, token
+        self.agent_in_process = agent_in_process
         self._round, self._world, self._losses = 0, None, 0
         try:
             # A node that joins a running job follows from its own round on.
@@ -63,7 +64,7 @@ class Rounds:
             if loss is None:
                 return
             self._losses += 1
-            stale = reaper.stale(self.token, before=loss["since"])
+            stale = reaper.stale(self.token, before=loss["since"], spare_children=not self.agent_in_process)
             if stale:
                 self.log.say(f"node {loss['node']} was lost without a connection reset: restarting "
                              f"{len(stale)} training process(es) still waiting for it")

@@ -60,9 +60,10 @@ class Heartbeats:
 
 class JobWatch:
     def __init__(self, store: JobStore, config: Config, node_rank: int, log: Log, signals: Signals,
-                 serverless: bool = False, token: str | None = None):
+                 serverless: bool = False, token: str | None = None, agent_in_process: bool = False):
         """token: the node token of this node's processes (reaper.py); given for elastic
-        torchrun nodes, whose training processes are restarted when a node is lost silently."""
+        torchrun nodes, whose training processes are restarted when a node is lost silently
+        (`agent_in_process`: torch's agent runs in this process, agent.py)."""
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
         self.master = node_rank == 0
         self.serverless = serverless
@@ -70,7 +71,7 @@ class JobWatch:
         self._gone: set[int] = set()                        # elastic: nodes that left
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
-        self.rounds = Rounds(store, log, token) if config.elastic else None
+        self.rounds = Rounds(store, log, token, agent_in_process) if config.elastic else None
 
     # ----------------------------------------------------------------- while running
     def check(self) -> Outcome | None:

@@ -14,15 +14,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
 
 def test_bench_smoke_prints_a_table_and_writes_plots(tmp_path):
-    ensure_image()
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(tmp_path)],
+    image = ensure_image()
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(tmp_path),
+                             "--image", image],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for heading in ("Launch overhead", "Rendezvous", "Allreduce", "Images", "Training", "Elastic"):
+    for heading in ("Launch overhead", "Rendezvous", "docker compose up", "Allreduce", "Images", "Training", "Elastic"):
         assert heading in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert all(r["runs"] == 1 for r in results["launch"]), results["launch"]
     assert all(r["failures"] == 0 for r in results["rendezvous"]), results["rendezvous"]
+    assert all(r["failures"] == 0 for r in results["compose"]), results["compose"]
     assert all(r["ok"] for r in results["collectives"])
     assert results["image_sizes"] and all(r["overhead_ratio"] > 0 for r in results["image_sizes"])
     assert all(r["failures"] == 0 for r in results["elastic"]), results["elastic"]

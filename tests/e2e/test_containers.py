@@ -50,12 +50,17 @@ def assert_replicas_agree(output: str, world: int) -> None:
     assert all(r.after < 0.5 * r.before for r in found), found
 
 
-def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path):
+@pytest.mark.parametrize("launcher", ["native", "horovod"])
+def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, launcher):
+    """One container, two processes. LAUNCHER=horovod on one CPU node runs Horovod's MPI
+    controller under mpirun (Open MPI's shared memory between the ranks, inside Docker's
+    default seccomp profile), and the preflight line says so."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     os.chmod(checkpoints, 0o777)                      # the image runs as uid 1000
     container = (DockerContainer(image)
                  .with_env("FRAMEWORK", "pytorch").with_env("TRAIN_MODE", "local").with_env("NPROC_PER_NODE", "2")
+                 .with_env("LAUNCHER", launcher)
                  .with_volume_mapping(str(ROOT / "examples"), "/app/code", "ro")
                  .with_volume_mapping(str(checkpoints), "/app/checkpoints", "rw")
                  .with_command("--steps 40 --checkpoint-every 1000"))
@@ -67,6 +72,8 @@ def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path):
     finally:
         container.stop()
     assert status["StatusCode"] == 0, output[-3000:]
+    if launcher == "horovod":
+        assert "LAUNCHER=horovod (Horovod over MPI: Open MPI shared memory)" in output, output[:3000]
     assert_replicas_agree(output, 2)
     assert [p.name for p in checkpoints.iterdir()] == ["ckpt-00000040.pt"]      # rank 0 only, once
 

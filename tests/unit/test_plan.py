@@ -287,3 +287,48 @@ def test_commands_get_the_shared_environment_and_the_interface():
     assert env["OMP_NUM_THREADS"] == "1" and env["TF_USE_LEGACY_KERAS"] == "1"
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["HOROVOD_GLOO_IFACE"] == "ib0"
     assert "WORLD_SIZE" not in env and "DISTTRAIN_LAUNCHER" not in env
+
+
+def test_one_cpu_node_runs_horovod_over_mpi_and_says_so():
+    """One CPU node: Horovod's MPI controller under mpirun (Open MPI's shared memory beats
+    Gloo's loopback TCP, README's Benchmarks); no Horovod rendezvous server is needed."""
+    from entrypoint.main import preflight_summary
+
+    p = plan(LAUNCHER="horovod", NPROC_PER_NODE=2)
+    assert p.horovod_controller == "mpi" and p.rendezvous is None
+    [spec] = plan_processes(p, at(0, nodes(2), master_port=12345))
+    argv = list(spec.argv)
+    assert argv[:3] == ["mpirun", "--np", "2"] and argv[-4:] == ["entrypoint.main", "--", "--steps", "3"]
+    assert spec.env["HOROVOD_CONTROLLER"] == "mpi" and spec.env["HOROVOD_CPU_OPERATIONS"] == "mpi"
+    assert spec.env["LAUNCHER"] == "horovod" and spec.env["DISTTRAIN_LAUNCHER"] == "horovod"
+    assert "Open MPI shared memory" in p.launcher and "Horovod over MPI" in preflight_summary(p)
+
+
+@pytest.mark.parametrize("case", ["gloo asked", "GPU", "two nodes", "no mpirun"])
+def test_horovod_stays_on_gloo_across_nodes_on_gpus_without_mpirun_or_when_asked(case):
+    from entrypoint.main import preflight_summary
+
+    if case == "two nodes":
+        p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
+    elif case == "GPU":
+        p = plan(Hardware(gpus=2, cpus=8, shm_bytes=8 << 30), LAUNCHER="horovod")
+    elif case == "gloo asked":
+        p = plan(LAUNCHER="horovod", NPROC_PER_NODE=2, HOROVOD_CONTROLLER="gloo")
+    else:
+        env = {"LAUNCHER": "horovod", "NPROC_PER_NODE": "2"}
+        p = plan_node(load_config(env, FW, ["native", "horovod"], ()), CPU2, env, python="py", mpirun=False)
+    assert p.horovod_controller == "gloo" and p.rendezvous.horovod_server
+    assert "Horovod over Gloo" in preflight_summary(p)
+    [spec, *_] = plan_processes(p, at(0, nodes(*([1, 1] if case == "two nodes" else [p.nproc])),
+                                      horovod_addr="127.0.0.1", horovod_port=1))
+    assert spec.env["HOROVOD_CONTROLLER"] == "gloo" and spec.argv[0] == "py"
+
+
+def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
+    assert plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m").torchrun_in_process
+    assert plan(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m").torchrun_in_process
+    assert not plan(NPROC_PER_NODE=2).torchrun_in_process                       # one node: no torch here
+    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", LAUNCHER="horovod").torchrun_in_process
+    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow").torchrun_in_process
+    text = explain(p := plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), plan_processes(p, assumed_placement(p)), {})
+    assert "agent runs inside the entrypoint" in text and "torch.distributed.run" in text

@@ -1,0 +1,63 @@
+"""torch's elastic agent inside the entrypoint (agent.py): its configuration is torchrun's own,
+its output keeps the supervisor's prefixes, its result becomes the node's outcome. Running
+it (signals, failures, elastic rounds) is tested end to end: tests/e2e/test_*_host.py."""
+
+import io
+
+import pytest
+
+from entrypoint.agent import InProcessTorchrun, _Lines, launch_config
+from entrypoint.log import Log
+from entrypoint.outcome import NodeState
+from entrypoint.torchrun import TorchrunLaunch, rendezvous_conf
+
+pytest.importorskip("torch")
+
+
+def test_launch_config_is_the_one_torchrun_builds_from_the_same_launch():
+    launch = TorchrunLaunch(nproc_per_node=2, run_id="job7", max_restarts=3, script="/app/code/train.py",
+                            args=("--steps", "3"), env={}, nnodes="1:4", rdzv_endpoint="m:29500",
+                            rdzv_conf=rendezvous_conf(60, True, 2, 3), local_addr="10.0.0.2")
+    config, program, args = launch_config(launch, "/usr/bin/python3", grace_period=7)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 4, 2)
+    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id) == ("c10d", "m:29500", "job7")
+    assert config.rdzv_configs["is_host"] == "0" and config.rdzv_configs["last_call_timeout"] == "2"
+    assert (config.max_restarts, config.monitor_interval, config.local_addr) == (3, 0.1, "10.0.0.2")
+    assert config.shutdown_timeout == 7
+    assert args[:2] == ["-u", "/app/code/train.py"] and args[-2:] == ["--steps", "3"]
+    assert isinstance(program, str)                          # a program: workers are subprocesses
+
+
+def test_a_program_that_is_not_python_runs_as_itself():
+    launch = TorchrunLaunch(nproc_per_node=1, run_id="r", max_restarts=0, script="/app/code/train.sh", args=(),
+                            env={}, nnodes="2", rdzv_endpoint="m:1", rdzv_conf=rendezvous_conf(60, False, 2, 3))
+    _, program, args = launch_config(launch, "python3", 5)
+    assert program == "/app/code/train.sh" and args == []
+
+
+def test_agent_output_is_prefixed_and_ranks_keep_their_own_prefix():
+    out = io.StringIO()
+    lines = _Lines(Log(out), "[torchrun] ")
+    lines.write("[rank3]: hi\nagent ")
+    lines.write("log\n")
+    assert out.getvalue() == "[rank3]: hi\n[torchrun] agent log\n"
+
+
+class Failure:
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+
+class Result:
+    def __init__(self, failures):
+        self.failures = failures
+
+    def is_failed(self):
+        return bool(self.failures)
+
+
+def test_a_failed_worker_fails_the_node_with_torchruns_exit_code():
+    assert InProcessTorchrun._outcome(Result({})).ok
+    outcome = InProcessTorchrun._outcome(Result({3: Failure(-9), 2: Failure(7)}))
+    assert (outcome.state, outcome.code) == (NodeState.FAILED, 1) and "rank 2 exited with 7" in outcome.reason
+    assert "rank 1 was killed by SIGKILL" in InProcessTorchrun._outcome(Result({1: Failure(-9)})).reason
