@@ -203,6 +203,9 @@ def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, use
     return env
 
 
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
 def horovod_controller(config: Config, mode: str, accel: Accelerator, user_env: dict[str, str],
                        mpirun: bool) -> str | None:
     """Horovod's controller (and CPU operations) for LAUNCHER=horovod. On one CPU node, MPI:
@@ -337,6 +340,11 @@ def plan_node(config: Config, hw: Hardware, user_env: dict[str, str] | None = No
         # Where the processes report training rounds (disttrain.elastic): the job store.
         env.update(DISTTRAIN_JOB_STORE=f"{config.master_addr}:{config.master_port}",
                    DISTTRAIN_JOB_PREFIX=job_prefix(config.run_id))
+    if controller == "mpi" and MPI_YIELD not in user_env:
+        # Each rank's Horovod thread and its training thread both wait in Open MPI, which
+        # spins by default: on a node with fewer free cores than waiting threads, ranks then
+        # take turns by time slice (20 ms per 1 MB allreduce here, against 1.1 ms yielding).
+        env[MPI_YIELD] = "1"
     return NodePlan(config=config, mode=mode, nproc=nproc, launcher=_launcher_text(config, mode, accel, nproc, controller),
                     rendezvous=rendezvous, env=env, warnings=tuple(warnings), direct=direct, python=python,
                     ports_needed=ports_needed, hardware=hw, accelerator=accel,
