@@ -19,8 +19,10 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
+# mpirun --tag-output can glue two ranks' lines together ("...digest=ab[1,1]<stdout>:RESULT ..."):
+# a result's extra fields end at the next rank's tag or RESULT.
 RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
-                       r"loss_after=([\d.]+) digest=(\w+)(.*)")
+                       r"loss_after=([\d.]+) digest=(\w+)((?:(?!\[\d+,\d+\]<std|RESULT ).)*)")
 
 
 def free_port() -> int:
