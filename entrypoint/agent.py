@@ -30,7 +30,7 @@ from .log import Log
 from .outcome import NodeState, Outcome
 from .reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from .signals import Signals
-from .supervisor import POLL_INTERVAL, WATCH_INTERVAL, Watch
+from .supervisor import POLL_INTERVAL, Watch, WatchEverySecond
 from .torchrun import TorchrunLaunch
 
 AGENT_LABEL = "torchrun"
@@ -195,7 +195,7 @@ class InProcessTorchrun:
         return Outcome.failed(f"{AGENT_LABEL}: rank {rank} {how}", 1)
 
     def _supervise(self) -> Outcome:
-        last_watch = 0.0
+        watch = WatchEverySecond(self.watch, self.log)
         while True:
             if self.signals.received is not None:
                 signum = self.signals.received
@@ -205,14 +205,8 @@ class InProcessTorchrun:
                 if self._result.state is not NodeState.SUCCEEDED:
                     self.log.say(f"{self._result.reason}: stopping")
                 return self._result
-            now = time.monotonic()
-            if self.watch and now - last_watch >= WATCH_INTERVAL:
-                last_watch = now
-                verdict = self.watch.check()
-                if verdict is not None:
-                    if verdict.state is not NodeState.SUCCEEDED:
-                        self.log.say(f"stopping: {verdict.reason}")
-                    return verdict
+            if (verdict := watch.verdict()) is not None:
+                return verdict
             self._done.wait(POLL_INTERVAL)
 
     def _end(self, thread: threading.Thread, outcome: Outcome) -> None:

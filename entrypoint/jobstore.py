@@ -39,6 +39,11 @@ from .outcome import Outcome
 from .plan import NodeInfo, job_prefix
 
 
+# A worker usually starts before its master's store serves: a probe is cheap (DNS, then a
+# TCP connect), so it is retried often; once a second cost each job up to a second.
+CONNECT_RETRY_S = 0.2
+
+
 class StoreGone(Exception):
     """The job store cannot be reached (its host stopped, or the network failed)."""
 
@@ -108,7 +113,7 @@ class JobStore:
                     return
                 except (RuntimeError, ValueError) as exc:
                     last = _first_line(exc)
-            time.sleep(1.0)
+            time.sleep(CONNECT_RETRY_S)
         if cancelled():
             return
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
@@ -225,6 +230,13 @@ class JobStore:
 
     def done(self) -> bool:
         return self.has("job/done")
+
+    def leave(self, rank: int) -> None:
+        """A worker saw job/done and exits now (the master waits for this before it does)."""
+        self.set(f"node/{rank}/left", "1")
+
+    def has_left(self, rank: int) -> bool:
+        return self.has(f"node/{rank}/left")
 
     # ----------------------------------------------------------------- lost nodes (elastic)
     def report_lost(self, node: int, since: float) -> None:

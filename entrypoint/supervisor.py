@@ -44,6 +44,25 @@ class Watch(Protocol):
         """This node got a signal: tell the others first; returns what the node reports."""
 
 
+class WatchEverySecond:
+    """Asks the job watch (if any) at most once per WATCH_INTERVAL, from a loop that polls
+    faster; says why it stops the node unless the verdict is success."""
+
+    def __init__(self, watch: Watch | None, log: Log):
+        self.watch, self.log = watch, log
+        self._last = 0.0
+
+    def verdict(self) -> Outcome | None:
+        now = time.monotonic()
+        if self.watch is None or now - self._last < WATCH_INTERVAL:
+            return None
+        self._last = now
+        verdict = self.watch.check()
+        if verdict is not None and verdict.state is not NodeState.SUCCEEDED:
+            self.log.say(f"stopping: {verdict.reason}")
+        return verdict
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it if the supervisor dies (PR_SET_PDEATHSIG)."""
     try:
@@ -142,7 +161,7 @@ class Supervisor:
     def _supervise(self) -> Outcome:
         children = self.children.running
         critical = [(s, p) for s, p in children if s.critical]
-        last_watch = 0.0
+        watch = WatchEverySecond(self.watch, self.log)
         while True:
             if self.signals.received is not None:
                 signum = self.signals.received
@@ -160,12 +179,6 @@ class Supervisor:
                 return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
             if not critical and not self.watch and all(p.poll() is not None for _, p in children):
                 return Outcome.succeeded()
-            now = time.monotonic()
-            if self.watch and now - last_watch >= WATCH_INTERVAL:
-                last_watch = now
-                verdict = self.watch.check()
-                if verdict is not None:
-                    if verdict.state is not NodeState.SUCCEEDED:
-                        self.log.say(f"stopping: {verdict.reason}")
-                    return verdict
+            if (verdict := watch.verdict()) is not None:
+                return verdict
             time.sleep(POLL_INTERVAL)

@@ -23,8 +23,16 @@ from .outcome import NodeState, Outcome
 from .rounds import Rounds
 from .signals import Signals
 
-MASTER_LINGER_S = 0.5
-WAIT_INTERVAL_S = 0.2
+# Finishing: the master marks the job done once every node is done, then waits (at most
+# LEAVE_WAIT_S) until each worker has said it leaves, and a moment more (LEAVE_MARGIN_S)
+# while their processes exit, so that `compose up --abort-on-container-exit` sees the
+# workers end first rather than stopping them while they exit. While they wait, nodes
+# look for job/done and the workers' results every WAIT_INTERVAL_S, and for failures,
+# silence and aborts (and beat) every CHECK_INTERVAL_S.
+LEAVE_WAIT_S = 2.0
+LEAVE_MARGIN_S = 0.2
+WAIT_INTERVAL_S = 0.05
+CHECK_INTERVAL_S = 0.2
 
 
 def stop_outcome(config: Config, signum: int) -> Outcome:
@@ -183,42 +191,54 @@ class JobWatch:
         return outcome
 
     def _wait_for_workers(self) -> Outcome:
+        checked = 0.0
         while True:
-            verdict = self._check_workers()          # a failed or silent worker ends the wait
-            if verdict:
-                self.log.say(verdict.reason)
-                self.store.abort(verdict)
-                return verdict
-            if all(k in self._gone or self.store.exit(k) is not None for k in self._workers()):
-                # Every node is done: the workers may leave. Leaving a moment after them
-                # lets `compose up --abort-on-container-exit` see the workers end first
-                # rather than stopping them while they exit.
-                self.store.mark_done()
-                time.sleep(MASTER_LINGER_S)
+            workers = [k for k in self._workers() if k not in self._gone]
+            finished = all(self.store.exit(k) is not None for k in workers)
+            if finished or time.monotonic() - checked >= CHECK_INTERVAL_S:
+                verdict = self._check_workers()      # a failed or silent worker ends the wait
+                if verdict:
+                    self.log.say(verdict.reason)
+                    self.store.abort(verdict)
+                    return verdict
+                self.store.beat(self.rank)
+                checked = time.monotonic()
+            if finished:
+                self.store.mark_done()                # every node is done: the workers may leave
+                self._let_workers_leave(workers)
                 return Outcome.succeeded()
             if self.signals.received is not None:
                 return self.stopping(self.signals.received)
-            self.store.beat(self.rank)
             time.sleep(WAIT_INTERVAL_S)
+
+    def _let_workers_leave(self, workers: list[int]) -> None:
+        deadline = time.monotonic() + LEAVE_WAIT_S
+        while not all(self.store.has_left(k) for k in workers) and time.monotonic() < deadline:
+            time.sleep(WAIT_INTERVAL_S)
+        time.sleep(LEAVE_MARGIN_S)
 
     def _wait_for_master(self) -> Outcome:
         """A worker whose processes succeeded stays until the master has seen every node
         finish (job/done), so that `compose up --abort-on-container-exit`, which stops the
         rest when one container exits, never stops a node that is still finishing. It
         waits as long as the master's heartbeat moves."""
+        checked = 0.0
         while True:
             if self.store.done():
+                self.store.leave(self.rank)
                 return Outcome.succeeded()
-            aborted = self.store.aborted()
-            if aborted:
-                self.log.say(aborted.reason)
-                return aborted
             if self.signals.received is not None:
                 return Outcome.stopped(self.signals.received)
-            if self._silent(0):
-                lost = Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
-                                    f"PEER_TIMEOUT={self.config.peer_timeout}s")
-                self.log.say(lost.reason)
-                return lost
-            self.store.beat(self.rank)
+            if time.monotonic() - checked >= CHECK_INTERVAL_S:
+                aborted = self.store.aborted()
+                if aborted:
+                    self.log.say(aborted.reason)
+                    return aborted
+                if self._silent(0):
+                    lost = Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
+                                        f"PEER_TIMEOUT={self.config.peer_timeout}s")
+                    self.log.say(lost.reason)
+                    return lost
+                self.store.beat(self.rank)
+                checked = time.monotonic()
             time.sleep(WAIT_INTERVAL_S)

@@ -46,7 +46,9 @@ def test_two_node_compose_has_what_multi_node_training_needs():
         assert {"/app/code", "/app/data", "/app/checkpoints"} <= targets
         assert "container_name" not in service                     # --scale needs none
     assert master["healthcheck"]["test"][0] == "CMD"
-    assert worker["depends_on"]["master"]["condition"] == "service_healthy"
+    # The worker's entrypoint waits for the job store itself (RDZV_TIMEOUT); waiting for the
+    # healthcheck as well cost every `compose up` 1.7 s (bench/compose_start.py).
+    assert worker["depends_on"]["master"]["condition"] == "service_started"
 
 
 def test_compose_variables_select_image_framework_launcher():
