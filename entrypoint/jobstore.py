@@ -10,6 +10,7 @@ torchrun. Under the prefix `disttrain/<RUN_ID>/`:
     node/<k>/info    its address, process count and ports (NodeInfo JSON)
     node/<k>/hb      heartbeat counter, bumped every second
     node/<k>/exit    its Outcome (JSON), when its processes are done
+    node/<k>/left    worker k saw job/done and exits now (the master exits after it)
     job/launch       the master's go: every node has joined, Horovod's server is up (its port,
                      and the port of torch.distributed's env:// store for Horovod's workers)
     job/done         the master saw every node finish; workers may leave

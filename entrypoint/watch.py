@@ -205,7 +205,7 @@ class JobWatch:
                 checked = time.monotonic()
             if finished:
                 self.store.mark_done()                # every node is done: the workers may leave
-                self._let_workers_leave(workers)
+                self._let_workers_leave([k for k in workers if k not in self._gone])   # not those that left
                 return Outcome.succeeded()
             if self.signals.received is not None:
                 return self.stopping(self.signals.received)

@@ -1,0 +1,60 @@
+"""How a finished job ends, on a real job store: the master marks it done once every node's
+result is in, and exits only after the workers have said they leave (or LEAVE_WAIT_S), so
+that `compose up --abort-on-container-exit` never stops a worker that is still exiting."""
+
+import io
+import threading
+import time
+
+from entrypoint import watch as watch_module
+from entrypoint.config import load_config
+from entrypoint.jobstore import JobStore
+from entrypoint.log import Log
+from entrypoint.outcome import NodeState, Outcome
+from entrypoint.signals import Signals
+from entrypoint.watch import JobWatch
+from tests.e2e.cluster import free_port
+
+
+def node(port: int, rank: int) -> tuple[JobStore, JobWatch]:
+    config = load_config({"ROLE": "master" if rank == 0 else "worker", "NUM_NODES": "2", "TRAIN_MODE": "distributed",
+                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": "t"},
+                         ["pytorch"], ["native"])
+    store = JobStore("127.0.0.1", port, "t", serve=rank == 0, timeout_s=10, op_timeout_s=5)
+    store.connect(deadline=time.monotonic() + 10)
+    assert store.claim(rank)
+    return store, JobWatch(store, config, rank, Log(io.StringIO()), Signals())
+
+
+def finish_in_thread(watch: JobWatch, results: dict, key: str) -> threading.Thread:
+    def run():
+        results[key] = watch.finish(Outcome.succeeded())
+        results[key + " at"] = time.monotonic()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_the_master_exits_after_its_worker_has_left():
+    port = free_port()
+    master_store, master = node(port, 0)
+    worker_store, worker = node(port, 1)
+    results: dict = {}
+    threads = [finish_in_thread(master, results, "master"), finish_in_thread(worker, results, "worker")]
+    for t in threads:
+        t.join(30)
+    assert results["master"].state is NodeState.SUCCEEDED and results["worker"].state is NodeState.SUCCEEDED
+    assert master_store.done() and master_store.has_left(1)
+    assert results["worker at"] <= results["master at"]
+
+
+def test_a_worker_that_never_says_it_leaves_delays_the_master_by_leave_wait_s_only():
+    port = free_port()
+    master_store, master = node(port, 0)
+    worker_store, _ = node(port, 1)
+    worker_store.set_exit(1, Outcome.succeeded())     # its result is in, but it never reads job/done
+    start = time.monotonic()
+    outcome = master.finish(Outcome.succeeded())
+    waited = time.monotonic() - start
+    assert outcome.state is NodeState.SUCCEEDED and master_store.done() and not master_store.has_left(1)
+    assert waited >= watch_module.LEAVE_WAIT_S
