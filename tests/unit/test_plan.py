@@ -292,7 +292,8 @@ def test_commands_get_the_shared_environment_and_the_interface():
 def test_one_cpu_node_runs_horovod_over_mpi_and_says_so():
     """One CPU node: Horovod's MPI controller under mpirun (Open MPI's shared memory beats
     Gloo's loopback TCP, README's Benchmarks); no Horovod rendezvous server is needed. Open
-    MPI yields while it waits (each rank has two waiting threads), unless the user says."""
+    MPI yields while it waits, torch's tensors get huge pages and Horovod cycles every
+    0.1 ms, unless the user says otherwise."""
     from entrypoint.main import preflight_summary
 
     p = plan(LAUNCHER="horovod", NPROC_PER_NODE=2)
@@ -303,9 +304,12 @@ def test_one_cpu_node_runs_horovod_over_mpi_and_says_so():
     assert spec.env["HOROVOD_CONTROLLER"] == "mpi" and spec.env["HOROVOD_CPU_OPERATIONS"] == "mpi"
     assert spec.env["LAUNCHER"] == "horovod" and spec.env["DISTTRAIN_LAUNCHER"] == "horovod"
     assert "Open MPI shared memory" in p.launcher and "Horovod over MPI" in preflight_summary(p)
-    assert spec.env["OMPI_MCA_mpi_yield_when_idle"] == "1"
-    assert "OMPI_MCA_mpi_yield_when_idle" not in plan(LAUNCHER="horovod", OMPI_MCA_mpi_yield_when_idle="0").env
-    assert "OMPI_MCA_mpi_yield_when_idle" not in plan(LAUNCHER="mpi", NPROC_PER_NODE=2).env   # plain MPI: as given
+    tuned = {"OMPI_MCA_mpi_yield_when_idle": "1", "THP_MEM_ALLOC_ENABLE": "1", "HOROVOD_CYCLE_TIME": "0.1"}
+    assert {k: spec.env[k] for k in tuned} == tuned
+    for name in tuned:                                 # the user's value, even "0", is left alone
+        assert name not in plan(LAUNCHER="horovod", **{name: "0"}).env
+    assert not set(tuned) & set(plan(LAUNCHER="mpi", NPROC_PER_NODE=2).env)                    # plain MPI: as given
+    assert not set(tuned) & set(plan(LAUNCHER="horovod", HOROVOD_CONTROLLER="gloo").env)       # Gloo: as given
 
 
 @pytest.mark.parametrize("case", ["gloo asked", "GPU", "two nodes", "no mpirun"])
