@@ -210,8 +210,7 @@ def _common_env(config: Config, hw: Hardware, nproc: int, world: int | None, use
 # huge pages, as numpy's arrays do (16 MB allreduces 15-30% faster); and Horovod negotiates
 # every 0.1 ms, not every 1 ms (the floor of each small allreduce). Together: allreduces
 # within 1.06x of raw Open MPI at 16-64 MB, and training steps 12% faster here.
-MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
-HOROVOD_MPI_DEFAULTS = {MPI_YIELD: "1", "THP_MEM_ALLOC_ENABLE": "1", "HOROVOD_CYCLE_TIME": "0.1"}
+HOROVOD_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1", "THP_MEM_ALLOC_ENABLE": "1", "HOROVOD_CYCLE_TIME": "0.1"}
 
 
 def horovod_controller(config: Config, mode: str, accel: Accelerator, user_env: dict[str, str],

@@ -191,11 +191,14 @@ class JobWatch:
         return outcome
 
     def _wait_for_workers(self) -> Outcome:
-        checked = 0.0
+        checked, workers = 0.0, []
         while True:
-            workers = [k for k in self._workers() if k not in self._gone]
+            due = time.monotonic() - checked >= CHECK_INTERVAL_S
             finished = all(self.store.exit(k) is not None for k in workers)
-            if finished or time.monotonic() - checked >= CHECK_INTERVAL_S:
+            if due or finished:      # who is in the job: read with the checks and before ending, not every poll
+                workers = [k for k in self._workers() if k not in self._gone]
+                finished = all(self.store.exit(k) is not None for k in workers)
+            if finished or due:
                 verdict = self._check_workers()      # a failed or silent worker ends the wait
                 if verdict:
                     self.log.say(verdict.reason)
