@@ -375,7 +375,7 @@ def step_check_build(check: Check) -> tuple[bool, str]:
 # --------------------------------------------------------------------------- 3. train
 
 RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
-                       r"loss_after=([\d.]+) digest=(\w+)(.*)")
+                       r"loss_after=([\d.]+) digest=([0-9a-f]+)((?:(?!RESULT ).)*)")
 
 
 def train(check: Check, label: str, limit: float, **env) -> tuple[bool, str, dict]:

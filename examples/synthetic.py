@@ -72,8 +72,11 @@ def digest(arrays) -> str:
 def report(framework: str, rank: int, world: int, before: float, after: float, param_digest: str, **extra) -> None:
     """One line per rank that tests and people can read: did it learn, do replicas agree?"""
     fields = " ".join(f"{k}={v}" for k, v in extra.items())
-    print(f"RESULT framework={framework} rank={rank} world={world} loss_before={before:.6f} "
-          f"loss_after={after:.6f} digest={param_digest} {fields}".rstrip(), flush=True)
+    line = (f"RESULT framework={framework} rank={rank} world={world} loss_before={before:.6f} "
+            f"loss_after={after:.6f} digest={param_digest} {fields}".rstrip())
+    # One write with its newline: under PYTHONUNBUFFERED=1 print() writes the text and the newline
+    # separately, and another rank's line can land between them on a shared pipe.
+    print(line + "\n", end="", flush=True)
 
 
 def keras_model(keras, seed: int = 0, hidden: int = 32):

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-# mpirun --tag-output can glue two ranks' lines together ("...digest=ab[1,1]<stdout>:RESULT ..."):
-# a result's extra fields end at the next rank's tag or RESULT.
+# Two ranks' lines can arrive glued on one pipe: mpirun --tag-output ("...digest=ab[1,1]<stdout>:RESULT ..."),
+# or a print under PYTHONUNBUFFERED=1 (the text and its newline are two writes: "...digest=abRESULT ...").
+# The digest is hex, and a result's extra fields end at the next rank's tag or RESULT.
 RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
-                       r"loss_after=([\d.]+) digest=(\w+)((?:(?!\[\d+,\d+\]<std|RESULT ).)*)")
+                       r"loss_after=([\d.]+) digest=([0-9a-f]+)((?:(?!\[\d+,\d+\]<std|RESULT ).)*)")
 
 
 def free_port() -> int:
