@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .procs import PY, WORKLOADS, base_env, entrypoint, run
+from .procs import PY, WORKLOADS, base_env, entrypoint, median, run
 
 ALLREDUCE = str(WORKLOADS / "allreduce.py")
 N = 2
@@ -47,11 +47,36 @@ def raw_counterpart(stack: str) -> str:
     return RAW_TORCH if "torch" in stack else RAW_MPI
 
 
-def measure(sizes: list[int]) -> list[dict]:
-    rows = []
-    for name, cmd, env in stacks(",".join(map(str, sizes))):
-        code, out, _ = run(cmd, env, timeout=600)
-        rows += parse(name, sizes, N, code, out)
+def measure(sizes: list[int], repeats: int = 1) -> list[dict]:
+    """Every stack `repeats` times, in rounds (each round runs every stack once), so that what
+    slows the machine for a while slows the rows alike; each row is the median of its runs."""
+    runs = []
+    for _ in range(repeats):
+        for name, cmd, env in stacks(",".join(map(str, sizes))):
+            code, out, _ = run(cmd, env, timeout=600)
+            runs.append(parse(name, sizes, N, code, out))
+    return with_ratios(medians(runs))
+
+
+def medians(runs: list[list[dict]]) -> list[dict]:
+    """parse()'s rows from several runs -> one row per (stack, size): median time (of the runs
+    that produced one), its range, how many runs; ok only if every run was."""
+    grouped: dict[tuple[str, int], list[dict]] = {}
+    for rows in runs:
+        for r in rows:
+            grouped.setdefault((r["stack"], r["bytes"]), []).append(r)
+    out = []
+    for same in grouped.values():
+        times = [r["seconds"] for r in same if r["seconds"] == r["seconds"]]        # NaN: no figure
+        seconds = median(times)
+        n, algbw = same[0]["processes"], same[0]["bytes"] / seconds / 1e9 if times else float("nan")
+        out.append({**same[0], "seconds": seconds, "min_seconds": min(times, default=float("nan")),
+                    "max_seconds": max(times, default=float("nan")), "runs": len(same),
+                    "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n, "ok": all(r["ok"] for r in same)})
+    return out
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
     seconds = {(r["stack"], r["bytes"]): r["seconds"] for r in rows}
     for r in rows:
         r["raw"] = raw_counterpart(r["stack"])

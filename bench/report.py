@@ -37,8 +37,10 @@ SECTIONS = [
      lambda r: [r["path"], _fmt(r["seconds"]), _fmt(r["wall"]), f"{_fmt(r['ratio'])}×, {_fmt(r['ratio_wall'])}×",
                 f"{r['runs']} ({r['failures']})"]),
     ("collectives", "Allreduce, 2 processes (busbw = algbw × 2(n−1)/n)",
-     ["stack", "size", "time (ms)", "algbw GB/s", "busbw GB/s", "vs raw"],
+     ["stack", "size", "time (ms), median", "runs: min–max (ms)", "algbw GB/s", "busbw GB/s", "vs raw"],
      lambda r: [r["stack"], human_bytes(r["bytes"]), _fmt(r["seconds"] * 1e3, ".3f"),
+                f"{r.get('runs', 1)}: {_fmt(r.get('min_seconds', r['seconds']) * 1e3, '.3f')}–"
+                f"{_fmt(r.get('max_seconds', r['seconds']) * 1e3, '.3f')}",
                 _fmt(r["algbw_GBps"], ".3f"), _fmt(r["busbw_GBps"], ".3f"),
                 f"{_fmt(r.get('ratio'))}× {r.get('raw', '')}"]),
     ("image_sizes", "Images",

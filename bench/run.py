@@ -72,7 +72,7 @@ def main() -> int:
     if "collectives" in sections:
         step("allreduce throughput")
         top = 14 if args.smoke else 28 if args.full else 26            # 16 KB, 256 MB, 64 MB
-        results["collectives"] = collectives.measure([2 ** e for e in range(10, top + 1, 2)])
+        results["collectives"] = collectives.measure([2 ** e for e in range(10, top + 1, 2)], repeats)
     if "image" in sections:
         step("image sizes")
         results["image_sizes"] = image.sizes()
