@@ -7,6 +7,7 @@ torchrun for torch.distributed. busbw = algbw x 2(n-1)/n (nccl-tests)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from .procs import PY, WORKLOADS, base_env, entrypoint, median, run
@@ -67,9 +68,10 @@ def medians(runs: list[list[dict]]) -> list[dict]:
             grouped.setdefault((r["stack"], r["bytes"]), []).append(r)
     out = []
     for same in grouped.values():
-        times = [r["seconds"] for r in same if r["seconds"] == r["seconds"]]        # NaN: no figure
+        times = [r["seconds"] for r in same if not math.isnan(r["seconds"])]        # NaN: that run gave no figure
         seconds = median(times)
-        n, algbw = same[0]["processes"], same[0]["bytes"] / seconds / 1e9 if times else float("nan")
+        algbw = same[0]["bytes"] / seconds / 1e9 if times else float("nan")
+        n = same[0]["processes"]
         out.append({**same[0], "seconds": seconds, "min_seconds": min(times, default=float("nan")),
                     "max_seconds": max(times, default=float("nan")), "runs": len(same),
                     "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n, "ok": all(r["ok"] for r in same)})
