@@ -70,11 +70,9 @@ def medians(runs: list[list[dict]]) -> list[dict]:
     for same in grouped.values():
         times = [r["seconds"] for r in same if not math.isnan(r["seconds"])]        # NaN: that run gave no figure
         seconds = median(times)
-        algbw = same[0]["bytes"] / seconds / 1e9 if times else float("nan")
-        n = same[0]["processes"]
         out.append({**same[0], "seconds": seconds, "min_seconds": min(times, default=float("nan")),
                     "max_seconds": max(times, default=float("nan")), "runs": len(same),
-                    "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n, "ok": all(r["ok"] for r in same)})
+                    **bandwidth(same[0]["bytes"], seconds, same[0]["processes"]), "ok": all(r["ok"] for r in same)})
     return out
 
 
@@ -93,8 +91,13 @@ def parse(name: str, sizes: list[int], n: int, code: int, out: str) -> list[dict
     checked = "CHECK ok" in out and "CHECK FAILED" not in out
     rows = []
     for size in sizes:
-        seconds = found.get(size)
-        algbw = size / seconds / 1e9 if seconds else float("nan")
-        rows.append({"stack": name, "bytes": size, "seconds": seconds or float("nan"), "processes": n,
-                     "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n, "ok": code == 0 and checked})
+        seconds = found.get(size, float("nan"))
+        rows.append({"stack": name, "bytes": size, "seconds": seconds, "processes": n,
+                     **bandwidth(size, seconds, n), "ok": code == 0 and checked})
     return rows
+
+
+def bandwidth(size: int, seconds: float, n: int) -> dict:
+    """algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests). NaN without a time."""
+    algbw = size / seconds / 1e9 if seconds > 0 else float("nan")
+    return {"algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n}
