@@ -1,6 +1,6 @@
 """Which accelerator this node's processes use, and what PyTorch/XLA must be told. Pure.
 
-`choose(config, hw, user_env, xla)` picks CPU, GPU or TPU from ACCELERATOR and the detected
+`choose(config, hw, xla)` picks CPU, GPU or TPU from ACCELERATOR and the detected
 hardware, and the PJRT device (`PJRT_DEVICE`) when PyTorch/XLA runs: TPU on a TPU host, or
 CPU (XLA's CPU client) when the user sets `PJRT_DEVICE=CPU` in the tpu variant.
 
@@ -46,16 +46,17 @@ def _no_device_files(hw, name: str, value: str) -> ConfigError:
                        f"this container; start it with --privileged (or --device for each), or set ACCELERATOR=cpu")
 
 
-def choose(config: Config, hw, user_env: dict[str, str], xla: bool) -> Accelerator:
+def choose(config: Config, hw, xla: bool) -> Accelerator:
     """ACCELERATOR + hardware (+ PJRT_DEVICE) -> what the processes run on. `xla`: the image
     carries PyTorch/XLA."""
     wanted, warnings = config.accelerator, []
-    pjrt = (user_env.get("PJRT_DEVICE") or "").strip().upper() or None
+    given = config.passed.get("PJRT_DEVICE")
+    pjrt = (given or "").strip().upper() or None
     if pjrt and not xla:
-        raise ConfigError(f"PJRT_DEVICE={user_env['PJRT_DEVICE']!r}: this image has no PyTorch/XLA; the tpu "
+        raise ConfigError(f"PJRT_DEVICE={given!r}: this image has no PyTorch/XLA; the tpu "
                           f"variant carries it")
     if pjrt and pjrt not in PJRT_DEVICES:
-        raise ConfigError(f"PJRT_DEVICE={user_env['PJRT_DEVICE']!r}: allowed in this image: "
+        raise ConfigError(f"PJRT_DEVICE={given!r}: allowed in this image: "
                           + ", ".join(PJRT_DEVICES))
     if wanted == "auto":
         if hw.tpu_chips and xla and pjrt != "CPU":
@@ -79,11 +80,11 @@ def choose(config: Config, hw, user_env: dict[str, str], xla: bool) -> Accelerat
 
     if wanted == "tpu":
         if pjrt not in (None, "TPU"):
-            raise ConfigError(f"PJRT_DEVICE={user_env['PJRT_DEVICE']!r} conflicts with ACCELERATOR=tpu; "
+            raise ConfigError(f"PJRT_DEVICE={given!r} conflicts with ACCELERATOR=tpu; "
                               f"unset one of them")
         pjrt = "TPU"
     elif pjrt == "TPU":
-        raise ConfigError(f"PJRT_DEVICE={user_env['PJRT_DEVICE']!r}: no usable TPU here (ACCELERATOR resolves "
+        raise ConfigError(f"PJRT_DEVICE={given!r}: no usable TPU here (ACCELERATOR resolves "
                           f"to {wanted}); allowed here: CPU (XLA's CPU client)")
     return Accelerator(wanted, pjrt, tuple(warnings))
 

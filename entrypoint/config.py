@@ -7,6 +7,11 @@ reads every variable by its declaration, then applies the cross-variable rules i
 ConfigError with one line naming the variable, the bad value and what is allowed.
 Nothing here touches the machine.
 
+Variables of the frameworks and libraries that the planner reads (OMP_NUM_THREADS,
+PJRT_DEVICE, ...) are declared here too, as `PassThrough`: they reach the processes as the
+user set them, and Config.passed holds the ones that are set, so the contract has one
+table. `docs/configuration.md` is generated from it (`python -m entrypoint.reference`).
+
 An empty value counts as unset (compose files pass `${VAR:-}` through as '').
 """
 
@@ -15,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .manifest import Image
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras", "mxnet")
 TRAIN_MODES = ("local", "distributed")
@@ -40,14 +47,6 @@ class ConfigError(Exception):
 
 def _fail(name: str, value: str, allowed: str) -> ConfigError:
     return ConfigError(f"{name}={value!r}: {allowed}")
-
-
-@dataclass(frozen=True)
-class Image:
-    """What the image carries (its manifest): the frameworks, launchers and accelerators it may be asked for."""
-    frameworks: tuple[str, ...]
-    launchers: tuple[str, ...]
-    accelerators: tuple[str, ...] = ("auto", "cpu", "gpu")
 
 
 # --------------------------------------------------------------------------- kinds
@@ -115,6 +114,14 @@ class Text:
         return value
 
 
+@dataclass(frozen=True)
+class PassThrough:
+    """A variable of a framework or library, given to the processes as the user set it; the
+    plan reads it (it decides a default or a choice) but does not validate it."""
+    def parse(self, name: str, text: str, image: Image) -> str:
+        return text
+
+
 HOST = Text(HOST_RE.pattern, "must be a host name or IP address")
 PORT = Int(1, 65535)
 
@@ -141,67 +148,115 @@ class Var:
 VARIABLES = (
     Var("FRAMEWORK", Choice(FRAMEWORKS, "frameworks"), "pytorch",
         f"pytorch | tensorflow | keras | mxnet (mxnet: the {MXNET_VARIANT} image)"),
-    Var("TRAIN_MODE", Choice(TRAIN_MODES), None, "local | distributed; default: distributed when NUM_NODES > 1 "
-                                                  "or ROLE is set"),
-    Var("ROLE", Choice(ROLES), None, "master | worker; default: master for NODE_RANK 0"),
-    Var("NUM_NODES", Int(1), "1", "number of nodes (containers) in the job"),
-    Var("NODE_RANK", Int(0), None, "this node's rank; master is 0; workers without it get one at rendezvous"),
-    Var("MASTER_ADDR", HOST, None, "master's host name or IP (required when distributed)"),
-    Var("MASTER_PORT", PORT, "29500", "rendezvous port on the master"),
+    Var("TRAIN_MODE", Choice(TRAIN_MODES), None, 
+        '`local`: one node, all its GPUs or `NPROC_PER_NODE` CPU processes; default: `local`, '
+        'or `distributed` when `NUM_NODES` > 1 or `ROLE` is set'),
+    Var("ROLE", Choice(ROLES), None, '`master` (node 0, serves rendezvous) or `worker`; default: from `NODE_RANK`'),
+    Var("NUM_NODES", Int(1), "1", 'nodes (containers) in the job'),
+    Var("NODE_RANK", Int(0), None, 'optional for workers; 0 is the master; default: assigned at rendezvous'),
+    Var("MASTER_ADDR", HOST, None, "the master's host name or IP; required when distributed"),
+    Var("MASTER_PORT", PORT, "29500", "the job store on the master (torchrun's c10d rendezvous uses it too)"),
     Var("ACCELERATOR", Choice(ACCELERATORS, "accelerators"), "auto",
-        "auto | cpu | gpu | tpu: what the processes run on; auto: TPU if this host has one (tpu variant), "
-        "else GPUs if visible, else CPU"),
-    Var("NPROC_PER_NODE", Int(1, auto=True), None, "processes per node; default (or 'auto'): visible GPUs, else 1 "
-                                                   "(on TPU: 1 per host)"),
-    Var("PARALLEL_MODE", Choice(PARALLEL_MODES), "data_parallel", "data_parallel | model_parallel | hybrid"),
-    Var("TP_SIZE", Int(1), None, "size of the model-parallel dimension (model_parallel: default world size; "
-                                 "hybrid: required)"),
+        
+        '`auto` (a TPU if the host has one and the image is `tpu`, else visible GPUs, else '
+        'CPU), `cpu`, `gpu`, `tpu`; asking for one the host lacks is an error'),
+    Var("NPROC_PER_NODE", Int(1, auto=True), None, 'processes per node; default: visible GPUs, else 1 (on TPU: 1 per host)'),
+    Var("PARALLEL_MODE", Choice(PARALLEL_MODES), "data_parallel", '`data_parallel`, `model_parallel`, `hybrid` (PyTorch)'),
+    Var("TP_SIZE", Int(1), None, 
+        'size of the model-parallel dimension; must divide the world size; default: world size '
+        'for `model_parallel`; required for `hybrid`'),
     Var("LAUNCHER", Choice(LAUNCHERS, "launchers"), "native",
-        "native (torchrun / TF_CONFIG / MXNet parameter servers) | horovod | mpi"),
+        
+        '`native` (torchrun for PyTorch, `TF_CONFIG` for TF/Keras, parameter servers for '
+        "MXNet), `horovod`, `mpi` (not MXNet). `horovod` on one CPU node runs Horovod's MPI "
+        "controller under `mpirun` (shared memory; Horovod's own `HOROVOD_CONTROLLER=gloo` "
+        'keeps Gloo), across nodes and on GPUs Gloo, never SSH'),
     Var("SYNC_MODE", Choice(SYNC_MODES), "sync",
-        "sync | async (TF: parameter servers; PyTorch: local SGD; MXNet: dist_async)"),
-    Var("SYNC_PERIOD", Int(1), "8", "async PyTorch: steps between model averages"),
-    Var("NUM_PS", Int(1), "1", "async TensorFlow, native MXNet: parameter-server processes on the master"),
-    Var("ENTRYPOINT", Text(), "/app/code/train.py", "training script; arguments after the image name pass through"),
-    Var("DATA_DIR", Text(), "/app/data", "dataset folder, passed to the script"),
-    Var("CHECKPOINT_DIR", Text(), "/app/checkpoints", "checkpoint folder (rank 0 writes, everyone resumes)"),
-    Var("MIN_NODES", Int(1), None, "elastic PyTorch: fewest nodes (torchrun --nnodes=MIN:MAX)"),
-    Var("MAX_NODES", Int(1), None, "elastic PyTorch: most nodes"),
-    Var("MAX_RESTARTS", Int(0), "0", "PyTorch native: times torchrun restarts the workers after a failure"),
-    Var("RDZV_TIMEOUT", Int(1), "300", "seconds to wait for the master and the other nodes"),
-    Var("ELASTIC_LAST_CALL", Int(1), "2", "elastic: seconds a rendezvous waits for more nodes once MIN_NODES "
-                                          "are in (torchrun's last_call_timeout, 30 there)"),
-    Var("ELASTIC_DEAD_AFTER", Int(2), "3", "elastic: seconds without a rendezvous keep-alive (one a second) "
-                                           "before a node is dropped from the rendezvous (15 in torchrun)"),
-    Var("PEER_TIMEOUT", Int(2), "10", "seconds without a heartbeat before a node counts as dead"),
-    Var("GRACE_PERIOD", Int(0), "8", "seconds between SIGTERM and SIGKILL when stopping the workers"),
+        '`async`: TF parameter servers, PyTorch local SGD, MXNet `dist_async`'),
+    Var("SYNC_PERIOD", Int(1), "8", 'PyTorch `async`: steps between model averages'),
+    Var("NUM_PS", Int(1), "1", 'TF `async`, MXNet `native`: parameter servers on the master'),
+    Var("ENTRYPOINT", Text(), "/app/code/train.py", 'the script; arguments after the image name pass through'),
+    Var("DATA_DIR", Text(), "/app/data", 'dataset folder, passed to the script'),
+    Var("CHECKPOINT_DIR", Text(), "/app/checkpoints", 
+        'checkpoints (rank 0 writes replicated state, every rank its own shards; every rank '
+        'resumes) and Keras backups'),
+    Var("MIN_NODES", Int(1), None, 
+        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`, or Horovod elastic with '
+        '`LAUNCHER=horovod` (docs/operations.md)'),
+    Var("MAX_NODES", Int(1), None, 
+        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`, or Horovod elastic with '
+        '`LAUNCHER=horovod` (docs/operations.md)'),
+    Var("MAX_RESTARTS", Int(0), "0", 
+        "torchrun's worker restarts (PyTorch native only); elastic jobs need room for each lost"
+        ' node'),
+    Var("RDZV_TIMEOUT", Int(1), "300", 'seconds to wait for the master and the other nodes'),
+    Var("ELASTIC_LAST_CALL", Int(1), "2", 
+        'elastic: seconds a rendezvous round waits for more nodes once `MIN_NODES` are in '
+        "(torchrun's `last_call_timeout`, 30 s there)"),
+    Var("ELASTIC_DEAD_AFTER", Int(2), "3", 
+        'elastic: seconds without a rendezvous keep-alive (one a second) before a node is '
+        'dropped from the rendezvous (15 s in torchrun)'),
+    Var("PEER_TIMEOUT", Int(2), "10", 
+        'seconds without a heartbeat (or a reply from the job store) before a node, or the '
+        'master, counts as lost'),
+    Var("GRACE_PERIOD", Int(0), "8", 'seconds from SIGTERM to SIGKILL when stopping the workers'),
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
-        "rendezvous id; the same on every node of one job"),
-    Var("HOROVOD_PORT", PORT, None, "master only: port of Horovod's rendezvous server; default MASTER_PORT+1 "
-                                    "(workers learn it at rendezvous)"),
-    Var("XLA_PORT", PORT, None, "PyTorch/XLA across nodes: port of the xla:// store on the master; default "
-                                "MASTER_PORT+1"),
-    Var("NODE_ADDR", HOST, None, "address other nodes reach this node at; default: the one routing to MASTER_ADDR"),
+        'rendezvous id, the same on every node of a job'),
+    Var("HOROVOD_PORT", PORT, None, 
+        "master only: Horovod's rendezvous server (workers learn it at rendezvous); default: "
+        '`MASTER_PORT`+1'),
+    Var("XLA_PORT", PORT, None, 'PyTorch/XLA across hosts: the xla:// store on the master; default: `MASTER_PORT`+1'),
+    Var("NODE_ADDR", HOST, None, 
+        'the address other nodes reach this node at; default: the address that routes to '
+        '`MASTER_ADDR`'),
     Var("NET_IFNAME", Text(r"^[A-Za-z0-9_.:@-]{1,15}$", "must be a network interface name like eth0"), None,
-        "network interface for NCCL/Gloo/Horovod; default: the one routing to MASTER_ADDR"),
-    Var("WORKER_PORT_BASE", Int(1024, 65000), None, "TensorFlow, MXNet native: fixed ports (base + n: "
-                                                    "the master's servers first); default: free ports"),
-    Var("HOSTFILE", Text(), None, "LAUNCHER=mpi across nodes: an Open MPI hostfile, read by mpirun on the master"),
+        
+        'interface for NCCL, Gloo and Horovod; default: the interface that routes to '
+        '`MASTER_ADDR`'),
+    Var("WORKER_PORT_BASE", Int(1024, 65000), None, 
+        "TensorFlow's and MXNet's fixed ports, for firewalls: base + n, the master's servers "
+        '(TF chief and ps, MXNet scheduler and servers) first, then one per process; default: '
+        'free ports'),
+    Var("HOSTFILE", Text(), None, '`LAUNCHER=mpi` across nodes: Open MPI hostfile read by `mpirun` on the master'),
     Var("IB_HCA", Text(r"^[\^=]?[A-Za-z0-9_]+(:\d+)?(,[A-Za-z0-9_]+(:\d+)?)*$",
                        "must be a list of HCAs like mlx5_0:1,mlx5_1:1"), None,
         "InfiniBand adapters for NCCL (NCCL_IB_HCA), e.g. mlx5_0:1"),
     Var("GPU_DIRECT_RDMA", Flag(), None, "0 | 1: GPUDirect RDMA for NCCL (NCCL_NET_GDR_LEVEL=3 when 1)"),
     Var("P2P_DISABLE", Flag(), None, "0 | 1: disable NCCL peer-to-peer (NCCL_P2P_DISABLE), for poor PCIe topologies"),
     Var("COMM_DEBUG", Choice(COMM_DEBUG), None, "off | warn | info | trace: NCCL_DEBUG for the workers"),
-    Var("EXPLAIN", Flag(), "0", "1: print the launch plan and exit without starting anything"),
+    Var("EXPLAIN", Flag(), "0", '`1`: print the plan, start nothing'),
+    # The frameworks' and libraries' own variables that the plan reads: the user's value wins.
+    Var("OMP_NUM_THREADS", PassThrough(), None, "threads per process for OpenMP; default: the node's CPUs "
+                                                "divided by its processes"),
+    Var("TF_USE_LEGACY_KERAS", PassThrough(), None, "TensorFlow and Keras jobs: 1 (default) makes tf.keras "
+                                                    "tf-keras, which MultiWorkerMirroredStrategy and "
+                                                    "horovod.tensorflow.keras need"),
+    Var("TF_CPP_MIN_LOG_LEVEL", PassThrough(), None, "TensorFlow's C++ log level; default for TensorFlow and "
+                                                     "Keras jobs: 1"),
+    Var("TF_CONFIG", PassThrough(), None, "a TFJob's cluster and task: the container runs that one task"),
+    Var("PJRT_DEVICE", PassThrough(), None, "tpu variant: CPU runs PyTorch/XLA on XLA's CPU client; TPU is "
+                                            "set on TPU hosts"),
+    Var("TPU_WORKER_ID", PassThrough(), None, "TPU slices: this host's worker number (GKE sets it); default: "
+                                              "NODE_RANK"),
+    Var("TPU_WORKER_HOSTNAMES", PassThrough(), None, "TPU slices: every host, in worker order (GKE sets it); "
+                                                     "default: the nodes' addresses from the job store"),
+    Var("HOROVOD_CONTROLLER", PassThrough(), None, "LAUNCHER=horovod on one CPU node: gloo keeps Horovod's "
+                                                   "Gloo controller instead of MPI under mpirun"),
+    Var("HOROVOD_CYCLE_TIME", PassThrough(), None, "Horovod's MPI controller on one node: default 0.1 (ms "
+                                                   "between negotiations; Horovod's own is 1)"),
+    Var("THP_MEM_ALLOC_ENABLE", PassThrough(), None, "Horovod's MPI controller on one node: default 1 (huge "
+                                                     "pages for torch's CPU tensors)"),
+    Var("OMPI_MCA_mpi_yield_when_idle", PassThrough(), None, "Horovod's MPI controller on one node: default 1 "
+                                                             "(waiting ranks yield their core)"),
 )
 VARIABLE_NAMES = tuple(v.name for v in VARIABLES)
+PASSED_THROUGH = tuple(v.name for v in VARIABLES if isinstance(v.kind, PassThrough))
 
 
 @dataclass(frozen=True)
 class Config:
     """Every variable's value under its lower-case name, after the rules, plus what the
-    rules derive (nccl_env) and what is not a variable of ours (script_args, tf_config)."""
+    rules derive (nccl_env) and what is not a variable of ours (script_args, passed)."""
     framework: str
     train_mode: str
     role: str
@@ -242,8 +297,18 @@ class Config:
     explain: bool = False
     script_args: tuple[str, ...] = ()
     nccl_env: dict[str, str] = field(default_factory=dict)
-    tf_config: str | None = None        # passed through from a TFJob
     sources: dict[str, str] = field(default_factory=dict)   # variable -> where its value came from
+    passed: dict[str, str] = field(default_factory=dict)    # the PassThrough variables that are set
+
+    @property
+    def tf_config(self) -> str | None:
+        """TF_CONFIG, passed through from a TFJob."""
+        return self.passed.get("TF_CONFIG")
+
+    @property
+    def family(self) -> str:
+        """The framework whose launchers run the job: Keras runs on TensorFlow's."""
+        return "tensorflow" if self.framework == "keras" else self.framework
 
     @property
     def elastic(self) -> bool:
@@ -433,15 +498,13 @@ RULES: tuple[Callable[[Values, dict], Values], ...] = (
 
 # --------------------------------------------------------------------------- the contract
 
-def load_config(env: dict[str, str], frameworks: list[str], launchers: list[str],
-                script_args: tuple[str, ...] = (), sources: dict[str, str] | None = None,
-                xla: bool = False) -> Config:
-    """Validate every variable. `frameworks`/`launchers` are what the image carries; `xla`:
-    it carries PyTorch/XLA (so ACCELERATOR=tpu is allowed)."""
-    image = Image(tuple(frameworks), tuple(launchers), ACCELERATORS if xla else Image.accelerators)
+def load_config(env: dict[str, str], image: Image, script_args: tuple[str, ...] = (),
+                sources: dict[str, str] | None = None) -> Config:
+    """Validate every variable against what the image carries."""
     values: Values = {var.name: var.read(env, image) for var in VARIABLES}
     for rule in RULES:
         values = {**values, **rule(values, env)}
-    by_field = {var.field: values[var.name] for var in VARIABLES}
+    by_field = {var.field: values[var.name] for var in VARIABLES if var.name not in PASSED_THROUGH}
+    passed = {name: values[name] for name in PASSED_THROUGH if values[name] is not None}
     return Config(**by_field, nccl_env=values["nccl_env"], script_args=tuple(script_args),
-                  tf_config=env.get("TF_CONFIG") or None, sources=dict(sources or {}))
+                  sources=dict(sources or {}), passed=passed)

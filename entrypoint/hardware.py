@@ -1,7 +1,9 @@
 """Facts about this machine: GPUs, TPUs, CPUs, /dev/shm, network. The only place that looks.
 
-`choose_interface` is pure (it takes the interface table); the rest reads the machine.
-The TPU readers take the root of /sys and /dev, so tests hand them a tree as data.
+`Hardware` is what the planner is told; `choose_interface` and `choose_address` are pure
+(they take the interface table and a resolver); `locate` gathers those facts and calls
+them; the rest reads the machine. The TPU readers take the root of /sys and /dev, so tests
+hand them a tree as data.
 """
 
 from __future__ import annotations
@@ -13,10 +15,27 @@ import re
 import shutil
 import socket
 import subprocess
-
-from .plan import Hardware
+from dataclasses import dataclass
+from typing import Callable
 
 BRIDGE_IFACES = ("docker0",)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int
+    cpus: int
+    shm_bytes: int | None = None
+    tpu_chips: int = 0                       # Google TPU chips on the PCI bus
+    tpu_kind: str | None = None              # their generation: v4, v5e, ...
+    tpu_devices: tuple[str, ...] = ()        # their device files this container can open
+
+    def tpu_text(self) -> str:
+        if not self.tpu_chips:
+            return "no TPU"
+        files = f"{self.tpu_devices[0]}..{self.tpu_devices[-1]}" if len(self.tpu_devices) > 1 else \
+            (self.tpu_devices[0] if self.tpu_devices else "no device files")
+        return f"{self.tpu_chips} TPU {self.tpu_kind} chip(s) ({files})"
 
 
 def gpu_count(env: dict[str, str]) -> int:
@@ -142,6 +161,39 @@ def choose_interface(master_ip: str, source_ip: str, table: dict[str, list[str]]
         warnings.append(f"no interface holds {source_ip}, the address that routes to MASTER_ADDR; "
                         f"NCCL/Gloo will choose their own")
     return name, warnings
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the other nodes reach this one, and the interface its collectives use."""
+    addr: str
+    iface: str | None
+    warnings: tuple[str, ...] = ()
+
+
+def choose_address(*, master: bool, master_addr: str, node_addr: str | None, numeric: bool, source_ip: str,
+                   resolve: Callable[[str], str | None]) -> str:
+    """The address this node publishes. Pure. NODE_ADDR if given; the master keeps the name
+    the workers already reach it by; a worker, the local address that routes to the master.
+    `numeric`: publish an IP (MXNet's ps-lite binds to the address it is given)."""
+    addr = node_addr or (master_addr if master and not numeric else source_ip)
+    return (resolve(addr) or addr) if numeric else addr
+
+
+def locate(master_ip: str, master_addr: str, node_addr: str | None, net_ifname: str | None, master: bool,
+           numeric: bool) -> Location:
+    """This node's Location, from the machine's routes and interfaces (master_ip: MASTER_ADDR
+    resolved). Raises LookupError when NET_IFNAME names no interface."""
+    source_ip = route_source(master_ip)
+    iface, warnings = choose_interface(master_ip, source_ip, interfaces(), net_ifname)
+    addr = choose_address(master=master, master_addr=master_addr, node_addr=node_addr, numeric=numeric,
+                          source_ip=source_ip, resolve=resolve)
+    return Location(addr, iface, tuple(warnings))
+
+
+def node_ports(count: int, base: int | None) -> tuple[int, ...]:
+    """The ports this node publishes: WORKER_PORT_BASE and the next ones, else free ones."""
+    return tuple(range(base, base + count)) if base else tuple(free_ports(count))
 
 
 def free_ports(count: int, host: str = "0.0.0.0") -> list[int]:

@@ -37,7 +37,7 @@ import time
 import uuid
 
 from .outcome import Outcome
-from .plan import NodeInfo, job_prefix
+from .placement import NodeInfo, job_prefix
 
 
 # A worker usually starts before its master's store serves: a probe is cheap (DNS, then a

@@ -1,23 +1,28 @@
-"""Joining a job: from the plan to this node's Placement (node rank, peers, interface, ports).
+"""Joining a job: from the plan to a JoinedJob (the job store and this node's Placement:
+node rank, peers, interface, ports).
 
-    with Job(plan, log, signals) as job:      # the job store (served here on the master), Horovod's server
-        placement = job.join()                # or NotJoined, carrying the node's Outcome
-        outcome = Supervisor(plan_processes(plan, placement), ..., watch=job.watch(...)).run()
-        outcome = job.finish(outcome)
+    with Job(plan, log, signals) as job:      # the job store (served here on the master), the launcher's servers
+        joined = job.join()                   # or NotJoined, carrying the node's Outcome
+        runner = plan.launcher.runner(plan, joined, env, log, signals)   # watches through joined.watch(...)
+        outcome = finish_together(runner.watch, runner.run())           # finish.py
 
-`LocalJob` is the same for one node: nothing to meet, a placement on 127.0.0.1.
+`LocalJob` is the same for one node: nothing to meet, a placement on 127.0.0.1. Where the
+node is (its address and interface) is hardware.locate's; what each launcher serves on the
+master is the launcher's (Launcher.serve).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from . import hardware
-from .config import ConfigError
+from .config import Config, ConfigError
 from .jobstore import JobStore, RendezvousError, StoreGone
 from .log import Log
 from .outcome import Outcome
-from .plan import NodeInfo, NodePlan, Placement
+from .placement import NodeInfo, Placement
+from .plan import NodePlan
 from .signals import Signals
 from .watch import JobWatch, stop_outcome
 
@@ -31,6 +36,27 @@ class NotJoined(Exception):
     def __init__(self, outcome: Outcome):
         super().__init__(outcome.reason)
         self.outcome = outcome
+
+
+@dataclass(frozen=True)
+class JoinedJob:
+    """This node, in its job: the job store (None on one node) and where the node stands.
+    `watch(...)` makes what a runner watches while its processes run."""
+    placement: Placement
+    store: JobStore | None = None
+    config: Config | None = None
+    log: Log | None = None
+    signals: Signals | None = None
+
+    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> JobWatch | None:
+        """`serverless`: the node has no process of its own to wait for (TF servers, MPI
+        hosts); `token`: the node token of its processes, for elastic torchrun (watch.py);
+        `agent_in_process`: torch's agent runs in the entrypoint (torchrun_agent.py).
+        None on one node: nothing to watch but the processes."""
+        if self.store is None:
+            return None
+        return JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
+                        serverless=serverless, token=token, agent_in_process=agent_in_process)
 
 
 class _Stopped(Exception):
@@ -48,26 +74,22 @@ class Job:
         self.master = c.role == "master"
         self.store = JobStore(c.master_addr, c.master_port, c.run_id, serve=self.master, timeout_s=c.rdzv_timeout,
                               op_timeout_s=c.peer_timeout)
-        self.placement: Placement | None = None
-        self._watch: JobWatch | None = None
-        self._horovod = None                 # fixed-size Horovod: its rendezvous server
-        self.horovod_driver = None           # elastic Horovod: its ElasticDriver (horovod_elastic.py)
+        self.node_rank: int | None = None
+        self.server = None                   # what the launcher serves on the master (Launcher.serve)
 
     def __enter__(self) -> "Job":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._horovod:
-            self._horovod.stop()
-        if self.horovod_driver:
-            self.horovod_driver.driver.stop()
+        if self.server:
+            self.server.stop()
 
     # ----------------------------------------------------------------- joining
-    def join(self) -> Placement:
+    def join(self) -> JoinedJob:
         deadline = time.monotonic() + self.config.rdzv_timeout
         try:
-            self.placement = self._join(deadline)
-            return self.placement
+            placement = self._join(deadline)
+            return JoinedJob(placement, self.store, self.config, self.log, self.signals)
         except _Stopped as exc:
             outcome = stop_outcome(self.config, exc.signum)
             if outcome.ends_job:
@@ -89,64 +111,63 @@ class Job:
         return not self.config.elastic and getattr(exc, "ends_job", True)
 
     def _rank_text(self) -> str:
-        return str(self.placement.node_rank) if self.placement else "(no rank yet)"
+        return str(self.node_rank) if self.node_rank is not None else "(no rank yet)"
 
     def _check_signals(self) -> None:
         if self.signals.received is not None:
             raise _Stopped(self.signals.received)
 
     def _join(self, deadline: float) -> Placement:
-        c, plan, store = self.config, self.plan, self.store
+        c, launcher, store = self.config, self.plan.launcher, self.store
         if not self.master and hardware.resolve(c.master_addr) is None:
             self.log.say(f"WARNING: MASTER_ADDR={c.master_addr!r} does not resolve (yet); retrying for up to "
                          f"RDZV_TIMEOUT={c.rdzv_timeout}s")
         self.log.say(f"{'serving' if self.master else 'joining'} the job store at {store.endpoint}")
         self._connect(deadline)
-        node_rank = self._claim_rank()
+        node_rank = self.node_rank = self._claim_rank()
         master_ip = hardware.resolve(c.master_addr)
         if master_ip is None:
             raise RendezvousError(f"MASTER_ADDR={c.master_addr!r} does not resolve")
-        source_ip = hardware.route_source(master_ip)
         try:
-            iface, warnings = hardware.choose_interface(master_ip, source_ip, hardware.interfaces(), c.net_ifname)
+            where = hardware.locate(master_ip, c.master_addr, c.node_addr, c.net_ifname, self.master,
+                                    launcher.numeric_addr)
         except LookupError as exc:
             raise ConfigError(str(exc)) from None
-        for warning in warnings:
+        for warning in where.warnings:
             self.log.say(f"WARNING: {warning}")
-        node_addr = c.node_addr or (c.master_addr if self.master and not plan.numeric_addr else source_ip)
-        if plan.numeric_addr:
-            node_addr = hardware.resolve(node_addr) or node_addr
-        ports = (tuple(range(c.worker_port_base, c.worker_port_base + plan.ports_needed)) if c.worker_port_base
-                 else tuple(hardware.free_ports(plan.ports_needed)))
-        me = NodeInfo(node_rank, node_addr, plan.nproc, ports)
+        me = NodeInfo(node_rank, where.addr, launcher.nproc,
+                      hardware.node_ports(launcher.ports_needed(self.master), c.worker_port_base))
         store.publish(me)
         store.beat(node_rank)
         nodes_text = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
-        self.log.say(f"node {node_rank} of {nodes_text}: address {node_addr}, interface {iface or '(auto)'}, "
-                     f"{plan.nproc} process(es)")
-        nodes, horovod_port, torch_port = (me,), c.horovod_port, None
-        if plan.rendezvous.exchange:
-            nodes = tuple(self._wait_for_nodes(node_rank, deadline))
-            if self.master:
-                if plan.rendezvous.horovod_server:
-                    from .horovod_rendezvous import HorovodRendezvous
-                    self._horovod = HorovodRendezvous.for_nodes(list(nodes), c.horovod_port)
-                    horovod_port = self._horovod.port
+        self.log.say(f"node {node_rank} of {nodes_text}: address {where.addr}, interface {where.iface or '(auto)'}, "
+                     f"{launcher.nproc} process(es)")
+        nodes, server_port, torch_port = self._meet(me, deadline)
+        return Placement(node_rank, nodes, iface=where.iface, master_port=torch_port or c.master_port,
+                         horovod_addr=c.master_addr, horovod_port=server_port)
+
+    def _meet(self, me: NodeInfo, deadline: float) -> tuple[tuple[NodeInfo, ...], int, int | None]:
+        """The launcher's part of joining: the other nodes' addresses when it exchanges them,
+        its server on the master (announced with the port of torch's env:// store for
+        launchers whose processes form their own group), or the master's announcement.
+        Returns (nodes, the server's port, that store's port)."""
+        c, launcher, store = self.config, self.plan.launcher, self.store
+        nodes, server_port, torch_port = (me,), c.horovod_port, None
+        if launcher.exchange:
+            nodes = tuple(self._wait_for_nodes(me.node_rank, deadline))
+        if self.master:
+            self.server = launcher.serve(self.plan, list(nodes), store, self.log)
+            server_port = self.server.port if self.server else server_port
+            if launcher.exchange:
                 # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
                 # on a port of its own (MASTER_PORT is the job store's).
                 torch_port = hardware.free_ports(1)[0]
-                store.announce_launch(horovod_port=horovod_port if self._horovod else None, torch_port=torch_port)
-            else:
-                launch = self._wait_for_launch(node_rank, deadline)
-                horovod_port = launch.get("horovod_port") or horovod_port
-                torch_port = launch.get("torch_port")
-        if plan.horovod_elastic and self.master:
-            from .horovod_elastic import HorovodElasticDriver
-            self.horovod_driver = HorovodElasticDriver(store, plan, self.log)
-            self.horovod_driver.start()
-            horovod_port = self.horovod_driver.port
-        return Placement(node_rank, nodes, iface=iface, master_port=torch_port or c.master_port,
-                         horovod_addr=c.master_addr, horovod_port=horovod_port)
+                store.announce_launch(horovod_port=self.server.port if self.server else None, torch_port=torch_port)
+        elif launcher.exchange:
+            launch = self._wait_for_launch(me.node_rank, deadline)
+            server_port = launch.get("horovod_port") or server_port
+            torch_port = launch.get("torch_port")
+        return nodes, server_port, torch_port
 
     def _connect(self, deadline: float) -> None:
         """Reach the job store. A node restarted after a failure (compose `restart:
@@ -243,45 +264,27 @@ class Job:
                            f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
         return self.store.launch()
 
-    # ----------------------------------------------------------------- running and finishing
-    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> JobWatch:
-        """What the supervisor watches while this node's processes run. `serverless`: the
-        node has no process of its own to wait for (TF servers, MPI hosts); `token`: the
-        node token of its processes, for elastic torchrun (watch.py); `agent_in_process`:
-        torch's agent runs in the entrypoint (agent.py)."""
-        self._watch = JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
-                               serverless=serverless, token=token, agent_in_process=agent_in_process)
-        return self._watch
-
-    def finish(self, outcome: Outcome) -> Outcome:
-        return self._watch.finish(outcome)
 
 
 class LocalJob:
-    """One node: nothing to meet. Horovod's rendezvous server runs here when needed."""
+    """One node: nothing to meet. The launcher's server (Horovod's rendezvous) runs here when it has one."""
 
-    def __init__(self, plan: NodePlan):
-        self.plan = plan
-        self._horovod = None
+    def __init__(self, plan: NodePlan, log: Log):
+        self.plan, self.log = plan, log
+        self.server = None
 
     def __enter__(self) -> "LocalJob":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._horovod:
-            self._horovod.stop()
+        if self.server:
+            self.server.stop()
 
-    def join(self) -> Placement:
-        plan = self.plan
-        nodes = (NodeInfo(0, "127.0.0.1", plan.nproc, tuple(hardware.free_ports(plan.ports_needed, "127.0.0.1"))),)
-        if plan.rendezvous and plan.rendezvous.horovod_server:
-            from .horovod_rendezvous import HorovodRendezvous
-            self._horovod = HorovodRendezvous.for_nodes(list(nodes), 0, "127.0.0.1")
-        return Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
-                         horovod_addr="127.0.0.1", horovod_port=self._horovod.port if self._horovod else None)
-
-    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> None:
-        return None
-
-    def finish(self, outcome: Outcome) -> Outcome:
-        return outcome
+    def join(self) -> JoinedJob:
+        launcher = self.plan.launcher
+        nodes = (NodeInfo(0, "127.0.0.1", launcher.nproc,
+                          tuple(hardware.free_ports(launcher.ports_needed(True), "127.0.0.1"))),)
+        self.server = launcher.serve(self.plan, list(nodes), None, self.log)
+        placement = Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
+                              horovod_addr="127.0.0.1", horovod_port=self.server.port if self.server else None)
+        return JoinedJob(placement)

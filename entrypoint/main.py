@@ -3,10 +3,11 @@
     python -m entrypoint.main [--dry-run] [SCRIPT ARGS...]
     python -m entrypoint.main [--dry-run] PROGRAM [ARGS...]
 
-The image runs this under `tini -g`. It reads only environment variables (see config.py
-and README.md), plans the launch (plan.py), joins the other nodes (join.py), supervises the
-node's processes (supervisor.py) while watching the job (watch.py), and exits with the
-node's Outcome (outcome.py). If the first argument is a program (arguments.py), it runs
+The image runs this under `tini -g`. It reads only environment variables (config.py,
+docs/configuration.md), plans the launch (plan.py: one launcher from launchers/), joins the
+other nodes (join.py), runs the launcher's runner over the node's processes
+(supervision.py's loop) while watching the job (watch.py), finishes together with the
+other nodes (finish.py), and exits with the node's Outcome (outcome.py). If the first argument is a program (arguments.py), it runs
 that instead, with the environment the training would get. With EXPLAIN=1 or --dry-run it
 prints the plan and starts nothing. Bad input: one line on stderr, exit code 2, nothing
 started.
@@ -18,33 +19,25 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
-from typing import Protocol
 
 from . import hardware, manifest
 from .arguments import Invocation, parse_arguments
-from .config import VARIABLES, ConfigError, load_config
-from .ecosystem import translate
-from .join import Job, LocalJob, NotJoined
+from .config import VARIABLES, ConfigError
+from .explain import assumed_placement, explain
+from .finish import finish_together
+from .join import Job, JoinedJob, LocalJob, NotJoined
 from .log import Log
 from .outcome import Outcome
-from .plan import (NodePlan, Placement, assumed_placement, command_env, explain, plan_node, plan_processes,
-                   torchrun_launch)
-from .reaper import new_token
+from .plan import NodePlan, command_env, plan_from_env, plan_processes
 from .signals import Signals
-from .supervisor import Supervisor
 
 EXIT_BAD_INPUT = 2
 DEFAULT_SCRIPT = next(v.default for v in VARIABLES if v.name == "ENTRYPOINT")
 
 
 def build_plan(env: dict[str, str], script_args: list[str]) -> NodePlan:
-    image = manifest.load(env)
-    translation = translate(env)
-    config = load_config(translation.env, image.frameworks, image.launchers, tuple(script_args),
-                         translation.sources, xla=image.xla)
-    return plan_node(config, hardware.detect(env), env, translation.direct, python=sys.executable, xla=image.xla,
-                     mpirun="mpi" in image.launchers)
+    """This container's plan: its environment, its image, its hardware."""
+    return plan_from_env(env, manifest.load(env), hardware.detect(env), tuple(script_args), python=sys.executable)
 
 
 def preflight_summary(plan: NodePlan) -> str:
@@ -53,8 +46,7 @@ def preflight_summary(plan: NodePlan) -> str:
     c = plan.config
     accel = plan.accelerator
     xla = f", PJRT_DEVICE={accel.pjrt_device}" if accel.xla else ""
-    transport = {"mpi": " (Horovod over MPI: Open MPI shared memory)",
-                 "gloo": " (Horovod over Gloo)"}.get(plan.horovod_controller or "", "")
+    transport = f" ({plan.launcher.transport})" if plan.launcher.transport else ""
     return (f"preflight: accelerator {accel.kind}{xla}; {hw.gpus} GPU(s), {hw.tpu_text()}, {hw.cpus} CPU(s), "
             f"/dev/shm {shm}; FRAMEWORK={c.framework} LAUNCHER={c.launcher}{transport} TRAIN_MODE={c.train_mode} "
             f"NPROC_PER_NODE={plan.nproc}")
@@ -71,58 +63,23 @@ def check_script(plan: NodePlan) -> None:
 
 # --------------------------------------------------------------------------- running
 
-def run_direct(plan: NodePlan, env: dict[str, str]) -> int:
-    spec = plan_processes(plan, assumed_placement(plan))[0]
-    os.execvpe(spec.argv[0], list(spec.argv), {**env, **spec.env})
-    return 0  # not reached
-
-
-class Runner(Protocol):
-    def run(self) -> Outcome: ...
-
-
-def node_runner(plan: NodePlan, job: Job | LocalJob, placement: Placement, env: dict[str, str], log: Log,
-                signals: Signals) -> Runner:
-    """The launch seam: what runs this node's processes and returns its Outcome: torch's
-    elastic agent in this process for torchrun across nodes (agent.py; the entrypoint has
-    imported torch for the job store already), else a Supervisor over the planned processes
-    (torchrun on one node, as a subprocess rendered from torchrun.TorchrunLaunch), or, for
-    elastic Horovod, the node that starts workers on the driver's orders."""
-    if plan.horovod_elastic:
-        from .horovod_elastic import HorovodElasticNode
-        log.say(f"running Horovod workers as the driver asks: {plan.launcher}")
-        return HorovodElasticNode(job.store, plan, placement, env, log, signals, job.watch(serverless=False))
-    if plan.torchrun_in_process:
-        from .agent import InProcessTorchrun
-        launch = torchrun_launch(plan, placement)
-        launch = replace(launch, env={**launch.env, "DISTTRAIN_LAUNCHER": plan.config.launcher})
-        log.say(f"starting torch's elastic agent in this process: {plan.launcher}")
-        token = new_token()
-        return InProcessTorchrun(launch, plan.python, plan.config.grace_period, log, signals=signals, token=token,
-                                 watch=job.watch(serverless=False, token=token, agent_in_process=True))
-    processes = plan_processes(plan, placement)
-    log.say(f"starting {len(processes)} process(es): {plan.launcher}")
-    token = new_token()
-    watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
-    return Supervisor(processes, env, plan.config.grace_period, log, watch=watch, signals=signals, token=token)
-
-
 def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
-    """Join the job (or, locally, nothing to join), run this node's processes, and finish
-    together with the other nodes."""
+    """Join the job (or, locally, nothing to join), run this node's processes with the
+    launcher's runner, and finish together with the other nodes."""
     signals = Signals().install()
-    job = LocalJob(plan) if plan.mode == "local" else Job(plan, log, signals)
+    job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals)
     with job:
         try:
-            placement = job.join()
+            joined = job.join()
         except NotJoined as exc:
             return exc.outcome
-        return job.finish(node_runner(plan, job, placement, env, log, signals).run())
+        runner = plan.launcher.runner(plan, joined, env, log, signals)
+        return finish_together(runner.watch, runner.run())
 
 
 def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:
     """A program given after the image: runs in this process's place, with the environment
-    the training processes would share (plan_node's), as the image's user."""
+    the training processes would share (the plan's), as the image's user."""
     try:
         plan = build_plan(env, [])
     except ConfigError as exc:
@@ -171,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         log.say(preflight_summary(plan))
     for warning in plan.warnings:
         log.say(f"WARNING: {warning}")
-    if plan.mode == "direct":
-        return run_direct(plan, env)
+    if plan.mode == "direct":       # one rank of an outer launcher: the script takes this process's place
+        return plan.launcher.runner(plan, JoinedJob(assumed_placement(plan)), env, log, None).run()
     started = time.monotonic()
     try:
         outcome = run_node(plan, env, log)

@@ -13,7 +13,8 @@ period, the log, what it watches (the job, through `Watch`) and the signals it o
 * SIGTERM/SIGINT stop every group; after GRACE_PERIOD seconds, SIGKILL.
 * The first critical process to fail stops the others; its outcome is the node's.
 * The watch is asked about once a second whether the node must stop (another node
-  failed, the master is gone, the job finished for a node that only serves).
+  failed, the master is gone, the job finished for a node that only serves): the loop
+  is supervision.py's, shared by every runner.
 """
 
 from __future__ import annotations
@@ -24,43 +25,13 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Protocol
 
 from .log import Log
-from .outcome import NodeState, Outcome
-from .plan import ProcessSpec
+from .outcome import Outcome
+from .processes import ProcessSpec
 from .reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from .signals import Signals
-
-POLL_INTERVAL = 0.2
-WATCH_INTERVAL = 1.0
-
-
-class Watch(Protocol):
-    def check(self) -> Outcome | None:
-        """None while the node should go on; else the outcome that stops it."""
-
-    def stopping(self, signum: int) -> Outcome:
-        """This node got a signal: tell the others first; returns what the node reports."""
-
-
-class WatchEverySecond:
-    """Asks the job watch (if any) at most once per WATCH_INTERVAL, from a loop that polls
-    faster; says why it stops the node unless the verdict is success."""
-
-    def __init__(self, watch: Watch | None, log: Log):
-        self.watch, self.log = watch, log
-        self._last = 0.0
-
-    def verdict(self) -> Outcome | None:
-        now = time.monotonic()
-        if self.watch is None or now - self._last < WATCH_INTERVAL:
-            return None
-        self._last = now
-        verdict = self.watch.check()
-        if verdict is not None and verdict.state is not NodeState.SUCCEEDED:
-            self.log.say(f"stopping: {verdict.reason}")
-        return verdict
+from .supervision import Watch, supervise
 
 
 def _die_with_parent() -> None:
@@ -136,6 +107,8 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 class Supervisor:
+    """The runner of planned processes (supervision.py's loop, with Children)."""
+
     def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
                  log: Log, watch: Watch | None = None, signals: Signals | None = None, token: str | None = None):
         self.processes = list(processes)
@@ -154,31 +127,28 @@ class Supervisor:
     def run(self) -> Outcome:
         """Start the processes and supervise them; returns the node's outcome."""
         self.start()
-        outcome = self._supervise()
+        outcome = supervise(self, self.watch, self.signals, self.log)
         self.stop_all(signal.SIGTERM)
         return outcome
 
-    def _supervise(self) -> Outcome:
+    # ----------------------------------------------------------------- Supervised
+    def poll(self) -> Outcome | None:
         children = self.children.running
         critical = [(s, p) for s, p in children if s.critical]
-        watch = WatchEverySecond(self.watch, self.log)
-        while True:
-            if self.signals.received is not None:
-                signum = self.signals.received
-                self.log.say(f"{signal.Signals(signum).name} received: stopping {len(children)} process(es)")
-                # Tell the other nodes first: their processes are about to lose this
-                # node's, and should read that as "stopped", not as a failure.
-                return self.watch.stopping(signum) if self.watch else Outcome.stopped(signum)
-            for spec, proc in critical:
-                code = proc.poll()
-                if code is not None and code != 0:
-                    outcome = Outcome.of_process(spec.label, code)
-                    self.log.say(f"{outcome.reason}: stopping the others")
-                    return outcome
-            if critical and all(p.poll() == 0 for _, p in critical):
-                return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
-            if not critical and not self.watch and all(p.poll() is not None for _, p in children):
-                return Outcome.succeeded()
-            if (verdict := watch.verdict()) is not None:
-                return verdict
-            time.sleep(POLL_INTERVAL)
+        for spec, proc in critical:
+            code = proc.poll()
+            if code is not None and code != 0:
+                outcome = Outcome.of_process(spec.label, code)
+                self.log.say(f"{outcome.reason}: stopping the others")
+                return outcome
+        if critical and all(p.poll() == 0 for _, p in critical):
+            return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
+        if not critical and not self.watch and all(p.poll() is not None for _, p in children):
+            return Outcome.succeeded()
+        return None
+
+    def what(self) -> str:
+        return f"{len(self.children.running)} process(es)"
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -1,4 +1,4 @@
-"""Watching the job while this node's processes run, and finishing together.
+"""Watching the job while this node's processes run (finishing together is finish.py's).
 
 What ends a node, from the job's side:
 * job/abort: another node failed or was stopped (its outcome, with the cause);
@@ -22,18 +22,6 @@ from .log import Log
 from .outcome import NodeState, Outcome
 from .rounds import Rounds
 from .signals import Signals
-
-# Finishing: the master marks the job done once every node is done, then waits (at most
-# LEAVE_WAIT_S) until each worker has said it leaves, and a moment more (LEAVE_MARGIN_S)
-# while their processes exit, so that `compose up --abort-on-container-exit` sees the
-# workers end first rather than stopping them while they exit. While they wait, nodes
-# look for job/done and the workers' results every WAIT_INTERVAL_S, and for failures,
-# silence and aborts (and beat) every CHECK_INTERVAL_S.
-LEAVE_WAIT_S = 2.0
-LEAVE_MARGIN_S = 0.2
-WAIT_INTERVAL_S = 0.05
-CHECK_INTERVAL_S = 0.2
-
 
 def stop_outcome(config: Config, signum: int) -> Outcome:
     """What a signal means for this node: an elastic worker leaves a job that goes on;
@@ -71,12 +59,12 @@ class JobWatch:
                  serverless: bool = False, token: str | None = None, agent_in_process: bool = False):
         """token: the node token of this node's processes (reaper.py); given for elastic
         torchrun nodes, whose training processes are restarted when a node is lost silently
-        (`agent_in_process`: torch's agent runs in this process, agent.py)."""
+        (`agent_in_process`: torch's agent runs in this process, launchers/torchrun_agent.py)."""
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
         self.master = node_rank == 0
         self.serverless = serverless
         self._heartbeats = Heartbeats(store, config.peer_timeout)
-        self._gone: set[int] = set()                        # elastic: nodes that left
+        self.gone: set[int] = set()                         # elastic: nodes that left
         self._joined: set[int] = set()                      # elastic: nodes the master has logged
         self._started = time.monotonic()
         self.rounds = Rounds(store, log, token, agent_in_process) if config.elastic else None
@@ -91,9 +79,9 @@ class JobWatch:
                 return aborted
             if self.rounds:
                 self.rounds.follow()
-            return self._check_workers() if self.master else self._check_master()
+            return self.check_workers() if self.master else self._check_master()
         except StoreGone as exc:
-            return self._store_gone(exc)
+            return self.store_gone(exc)
 
     def stopping(self, signum: int) -> Outcome:
         outcome = stop_outcome(self.config, signum)
@@ -101,7 +89,7 @@ class JobWatch:
             self.store.abort(outcome)
         return outcome
 
-    def _store_gone(self, exc: Exception) -> Outcome:
+    def store_gone(self, exc: Exception) -> Outcome:
         if self.master:
             return Outcome.failed(f"the job store failed: {exc}")
         return Outcome.lost(f"lost the master at {self.store.endpoint} ({exc}); it stopped or its host is "
@@ -113,22 +101,22 @@ class JobWatch:
             return master.aborting()
         if master is not None and self.serverless:
             return Outcome.succeeded("the master finished")
-        if self._silent(0):
+        if self.silent(0):
             return Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
                                 f"PEER_TIMEOUT={self.config.peer_timeout}s")
         return None
 
-    def _check_workers(self) -> Outcome | None:
+    def check_workers(self) -> Outcome | None:
         """Why the master must stop, from the workers' side: too few joined, one failed,
         or one went silent. None while all is well."""
         c = self.config
         if not c.elastic and time.monotonic() - self._started > c.rdzv_timeout:
-            joined = len(self._workers()) + 1
+            joined = len(self.workers()) + 1
             if joined < c.num_nodes:
                 return Outcome.failed(f"only {joined} of {c.num_nodes} nodes joined MASTER_ADDR:MASTER_PORT="
                                       f"{self.store.endpoint} within RDZV_TIMEOUT={c.rdzv_timeout}s")
-        for k in self._workers():
-            if k in self._gone:
+        for k in self.workers():
+            if k in self.gone:
                 continue
             if c.elastic and k not in self._joined:
                 self._joined.add(k)
@@ -140,7 +128,7 @@ class JobWatch:
                 elif not outcome.ok:
                     return outcome.aborting()
                 continue
-            if self._silent(k):
+            if self.silent(k):
                 if c.elastic:        # the launcher re-forms the group without it
                     self._leave(k, f"node {k} lost: no heartbeat for PEER_TIMEOUT={c.peer_timeout}s; "
                                    f"the job goes on without it")
@@ -150,98 +138,12 @@ class JobWatch:
         return None
 
     def _leave(self, node: int, text: str) -> None:
-        self._gone.add(node)
+        self.gone.add(node)
         self.log.say(text)
 
-    def _workers(self) -> list[int]:
+    def workers(self) -> list[int]:
         top = self.store.highest_rank(self.config.most_nodes)
         return [k for k in range(1, top + 1) if self.store.claimed(k)]
 
-    def _silent(self, node: int) -> bool:
+    def silent(self, node: int) -> bool:
         return self._heartbeats.silent(node)
-
-    # ----------------------------------------------------------------- finishing
-    def finish(self, outcome: Outcome) -> Outcome:
-        """Record this node's outcome. The master then waits for the workers' results, and a
-        successful worker for the master's; both as long as the others' heartbeats move."""
-        try:
-            outcome = self._cause(outcome)
-            if outcome.ends_job:
-                self.store.abort(outcome)
-            self.store.set_exit(self.rank, outcome)
-            if not outcome.ok:
-                return outcome
-            return self._wait_for_workers() if self.master else self._wait_for_master()
-        except StoreGone as exc:
-            if self.master or outcome.state is not NodeState.FAILED:
-                return outcome      # the store is gone; this node's own result still stands
-            lost = self._store_gone(exc)
-            self.log.say(lost.reason)
-            return lost
-
-    def _cause(self, outcome: Outcome) -> Outcome:
-        """This node's processes failed: because another node was stopped (then this
-        node reports the stop, 143, not a failure of its own)?"""
-        if outcome.state is not NodeState.FAILED:
-            return outcome
-        aborted = self.store.aborted()
-        if aborted is not None and aborted.on_purpose:
-            self.log.say(aborted.reason)
-            return aborted
-        return outcome
-
-    def _wait_for_workers(self) -> Outcome:
-        checked, workers = 0.0, []
-        while True:
-            due = time.monotonic() - checked >= CHECK_INTERVAL_S
-            finished = all(self.store.exit(k) is not None for k in workers)
-            if due or finished:      # who is in the job: read with the checks and before ending, not every poll
-                workers = [k for k in self._workers() if k not in self._gone]
-                finished = all(self.store.exit(k) is not None for k in workers)
-            if finished or due:
-                verdict = self._check_workers()      # a failed or silent worker ends the wait
-                if verdict:
-                    self.log.say(verdict.reason)
-                    self.store.abort(verdict)
-                    return verdict
-                self.store.beat(self.rank)
-                checked = time.monotonic()
-            if finished:
-                self.store.mark_done()                # every node is done: the workers may leave
-                self._let_workers_leave([k for k in workers if k not in self._gone])   # not those that left
-                return Outcome.succeeded()
-            if self.signals.received is not None:
-                return self.stopping(self.signals.received)
-            time.sleep(WAIT_INTERVAL_S)
-
-    def _let_workers_leave(self, workers: list[int]) -> None:
-        deadline = time.monotonic() + LEAVE_WAIT_S
-        while not all(self.store.has_left(k) for k in workers) and time.monotonic() < deadline:
-            time.sleep(WAIT_INTERVAL_S)
-        time.sleep(LEAVE_MARGIN_S)
-
-    def _wait_for_master(self) -> Outcome:
-        """A worker whose processes succeeded stays until the master has seen every node
-        finish (job/done), so that `compose up --abort-on-container-exit`, which stops the
-        rest when one container exits, never stops a node that is still finishing. It
-        waits as long as the master's heartbeat moves."""
-        checked = 0.0
-        while True:
-            if self.store.done():
-                self.store.leave(self.rank)
-                return Outcome.succeeded()
-            if self.signals.received is not None:
-                return Outcome.stopped(self.signals.received)
-            if time.monotonic() - checked >= CHECK_INTERVAL_S:
-                aborted = self.store.aborted()
-                if aborted:
-                    self.log.say(aborted.reason)
-                    return aborted
-                if self._silent(0):
-                    lost = Outcome.lost(f"lost the master at {self.store.endpoint}: no heartbeat for "
-                                        f"PEER_TIMEOUT={self.config.peer_timeout}s")
-                    self.log.say(lost.reason)
-                    return lost
-                self.store.beat(self.rank)
-                checked = time.monotonic()
-            time.sleep(WAIT_INTERVAL_S)

@@ -1,4 +1,4 @@
-"""torch's elastic agent inside the entrypoint (agent.py): its configuration is torchrun's own,
+"""torch's elastic agent inside the entrypoint (launchers/torchrun_agent.py): its configuration is torchrun's own,
 its output keeps the supervisor's prefixes, its result becomes the node's outcome. Running
 it (signals, failures, elastic rounds) is tested end to end: tests/e2e/test_*_host.py."""
 
@@ -6,10 +6,10 @@ import io
 
 import pytest
 
-from entrypoint.agent import InProcessTorchrun, _Lines, launch_config
+from entrypoint.launchers.torchrun_agent import InProcessTorchrun, _Lines, launch_config
 from entrypoint.log import Log
 from entrypoint.outcome import NodeState
-from entrypoint.torchrun import TorchrunLaunch, rendezvous_conf
+from entrypoint.launchers.torchrun import TorchrunLaunch, rendezvous_conf
 
 pytest.importorskip("torch")
 

@@ -3,13 +3,14 @@
 import pytest
 
 from entrypoint.config import VARIABLE_NAMES, ConfigError, load_config
+from entrypoint.manifest import Image
 
 FRAMEWORKS = ["pytorch", "tensorflow", "keras"]
 LAUNCHERS = ["native", "horovod", "mpi"]
 
 
 def config(**env):
-    return load_config({k: str(v) for k, v in env.items()}, FRAMEWORKS, LAUNCHERS)
+    return load_config({k: str(v) for k, v in env.items()}, Image(FRAMEWORKS, LAUNCHERS))
 
 
 def error(**env) -> str:
@@ -90,28 +91,48 @@ def test_bad_value_names_variable_value_and_allowed(env, names, allowed):
     assert names in message and allowed in message
 
 
-def test_every_variable_is_documented_in_the_readme():
-    readme = (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "README.md").read_text()
-    missing = [name for name in VARIABLE_NAMES if f"`{name}`" not in readme]
-    assert not missing, f"README lacks {missing}"
+def reference_page() -> str:
+    return (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "docs" / "configuration.md").read_text()
 
 
-def test_readme_defaults_are_the_declared_ones():
-    """A default is written once, in VARIABLES; the README's table must show that one."""
+def test_every_variable_is_documented_in_the_configuration_reference():
+    missing = [name for name in VARIABLE_NAMES if f"`{name}`" not in reference_page()]
+    assert not missing, f"docs/configuration.md lacks {missing}"
+
+
+def test_the_reference_shows_the_declared_defaults():
+    """A default is written once, in VARIABLES; the reference's table must show that one."""
     import re
 
     from entrypoint.config import VARIABLES
 
-    readme = (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "README.md").read_text()
     shown = {}
-    for line in readme.splitlines():
-        match = re.match(r"^\| ((?:`[A-Z_]+`(?:, )?)+) \| ([^|]*) \|", line)
+    for line in reference_page().splitlines():
+        match = re.match(r"^\| ((?:`[A-Za-z0-9_]+`(?:, )?)+) \| ([^|]*) \|", line)
         if match:
-            for name in re.findall(r"`([A-Z_]+)`", match.group(1)):
+            for name in re.findall(r"`([A-Za-z0-9_]+)`", match.group(1)):
                 shown.setdefault(name, match.group(2).strip())
     wrong = {v.name: (v.default, shown.get(v.name)) for v in VARIABLES
-             if v.default is not None and shown.get(v.name) != f"`{v.default}`"}
+             if shown.get(v.name) != (f"`{v.default}`" if v.default is not None else "—")}
     assert not wrong, wrong
+
+
+def test_the_configuration_reference_is_not_stale():
+    """docs/configuration.md's table is generated from VARIABLES; this fails when someone
+    changed a declaration and not the page (fix: python -m entrypoint.reference)."""
+    from entrypoint import reference
+
+    page = reference_page()
+    assert reference.render(page) == page, "docs/configuration.md is stale: run python -m entrypoint.reference"
+    assert reference.main(["--check"]) == 0
+
+
+def test_a_stale_reference_is_caught():
+    from entrypoint import reference
+
+    page = reference_page()
+    stale = page.replace("`29500`", "`29400`", 1)
+    assert stale != page and reference.render(stale) == page
 
 
 def test_empty_values_count_as_unset():
@@ -135,18 +156,18 @@ def test_the_variant_named_for_mxnet_carries_it():
 
 def test_mxnet_launchers_are_parameter_servers_or_horovod():
     with_mxnet = FRAMEWORKS + ["mxnet"]
-    assert load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "horovod"}, with_mxnet, LAUNCHERS).launcher == "horovod"
-    c = load_config({"FRAMEWORK": "mxnet", "SYNC_MODE": "async", "NUM_PS": "2"}, with_mxnet, LAUNCHERS)
+    assert load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "horovod"}, Image(with_mxnet, LAUNCHERS)).launcher == "horovod"
+    c = load_config({"FRAMEWORK": "mxnet", "SYNC_MODE": "async", "NUM_PS": "2"}, Image(with_mxnet, LAUNCHERS))
     assert (c.launcher, c.sync_mode, c.num_ps) == ("native", "async", 2)
     with pytest.raises(ConfigError) as info:
-        load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "mpi"}, with_mxnet, LAUNCHERS)
+        load_config({"FRAMEWORK": "mxnet", "LAUNCHER": "mpi"}, Image(with_mxnet, LAUNCHERS))
     assert str(info.value) == ("LAUNCHER='mpi': FRAMEWORK=mxnet runs on MXNet's parameter servers or Horovod; "
                                "allowed: native, horovod")
 
 
 def test_framework_not_in_this_image():
     with pytest.raises(ConfigError, match="not in this image; allowed here: pytorch"):
-        load_config({"FRAMEWORK": "tensorflow"}, ["pytorch"], LAUNCHERS)
+        load_config({"FRAMEWORK": "tensorflow"}, Image(["pytorch"], LAUNCHERS))
 
 
 def test_distributed_needs_master_addr():
@@ -198,5 +219,5 @@ def test_nccl_variable_conflict_is_an_error():
 
 
 def test_script_arguments_pass_through():
-    c = load_config({}, FRAMEWORKS, LAUNCHERS, ("--steps", "5"))
+    c = load_config({}, Image(FRAMEWORKS, LAUNCHERS), ("--steps", "5"))
     assert c.script_args == ("--steps", "5")

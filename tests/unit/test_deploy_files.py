@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from entrypoint.config import load_config
-from entrypoint.ecosystem import translate
-from entrypoint.plan import Hardware, plan_node
+from entrypoint.hardware import Hardware
+from entrypoint.manifest import Image
+from entrypoint.plan import plan_from_env
 from tests.conftest import ROOT
 
 K8S_VERSION = "1.33"
@@ -134,9 +134,8 @@ def test_kubernetes_validate_is_strict():
 
 
 def plan_for(env):
-    t = translate(env)
-    c = load_config(t.env, ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"], (), t.sources)
-    return plan_node(c, Hardware(gpus=0, cpus=4), env, t.direct)
+    image = Image(("pytorch", "tensorflow", "keras"), ("native", "horovod", "mpi"))
+    return plan_from_env(env, image, Hardware(gpus=0, cpus=4))
 
 
 def test_entrypoint_understands_what_the_pytorchjob_operator_injects():

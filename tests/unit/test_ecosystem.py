@@ -6,13 +6,14 @@ import pytest
 
 from entrypoint.config import ConfigError, load_config
 from entrypoint.ecosystem import first_host, translate
+from entrypoint.manifest import Image
 
 FW, LA = ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"]
 
 
 def contract(env):
     t = translate(env)
-    return t, load_config(t.env, FW, LA, (), t.sources)
+    return t, load_config(t.env, Image(FW, LA), (), t.sources)
 
 
 def test_kubeflow_pet_variables():

@@ -11,6 +11,7 @@ from disttrain import checkpoint, elastic
 from entrypoint.config import load_config
 from entrypoint.jobstore import JobStore
 from entrypoint.log import Log
+from entrypoint.manifest import Image
 from entrypoint.signals import Signals
 from entrypoint.watch import JobWatch
 from tests.e2e.cluster import free_port
@@ -98,7 +99,7 @@ def test_torchruns_sigterm_saves_at_the_step_boundary_and_leaves(tmp_path):
 def test_rounds_reported_by_rank_0_are_logged_by_the_entrypoint(monkeypatch):
     port = free_port()
     config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
-                          "MASTER_PORT": str(port), "RUN_ID": "t"}, ["pytorch"], ["native"])
+                          "MASTER_PORT": str(port), "RUN_ID": "t"}, Image(["pytorch"], ["native"]))
     store = JobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=0)
     out = io.StringIO()
@@ -120,14 +121,14 @@ def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
 
 
 def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
-    from entrypoint.horovod_elastic import StoreDiscovery
+    from entrypoint.launchers.horovod_driver import StoreDiscovery
     from entrypoint.outcome import Outcome
-    from entrypoint.plan import NodeInfo
+    from entrypoint.placement import NodeInfo
 
     port = free_port()
     config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
                           "MASTER_PORT": str(port), "LAUNCHER": "horovod", "PEER_TIMEOUT": "2"},
-                         ["pytorch"], ["native", "horovod"])
+                         Image(["pytorch"], ["native", "horovod"]))
     store = JobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=0)
     for rank, nproc in ((0, 2), (1, 1), (2, 4)):

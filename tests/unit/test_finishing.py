@@ -6,10 +6,12 @@ import io
 import threading
 import time
 
-from entrypoint import watch as watch_module
+from entrypoint import finish as finish_module
 from entrypoint.config import load_config
+from entrypoint.finish import finish_together
 from entrypoint.jobstore import JobStore
 from entrypoint.log import Log
+from entrypoint.manifest import Image
 from entrypoint.outcome import NodeState, Outcome
 from entrypoint.signals import Signals
 from entrypoint.watch import JobWatch
@@ -19,7 +21,7 @@ from tests.e2e.cluster import free_port
 def node(port: int, rank: int) -> tuple[JobStore, JobWatch]:
     config = load_config({"ROLE": "master" if rank == 0 else "worker", "NUM_NODES": "2", "TRAIN_MODE": "distributed",
                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": "t"},
-                         ["pytorch"], ["native"])
+                         Image(["pytorch"], ["native"]))
     store = JobStore("127.0.0.1", port, "t", serve=rank == 0, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=time.monotonic() + 10)
     assert store.claim(rank)
@@ -28,7 +30,7 @@ def node(port: int, rank: int) -> tuple[JobStore, JobWatch]:
 
 def finish_in_thread(watch: JobWatch, results: dict, key: str) -> threading.Thread:
     def run():
-        results[key] = watch.finish(Outcome.succeeded())
+        results[key] = finish_together(watch, Outcome.succeeded())
         results[key + " at"] = time.monotonic()
     thread = threading.Thread(target=run)
     thread.start()
@@ -54,7 +56,7 @@ def test_a_worker_that_never_says_it_leaves_delays_the_master_by_leave_wait_s_on
     worker_store, _ = node(port, 1)
     worker_store.set_exit(1, Outcome.succeeded())     # its result is in, but it never reads job/done
     start = time.monotonic()
-    outcome = master.finish(Outcome.succeeded())
+    outcome = finish_together(master, Outcome.succeeded())
     waited = time.monotonic() - start
     assert outcome.state is NodeState.SUCCEEDED and master_store.done() and not master_store.has_left(1)
-    assert waited >= watch_module.LEAVE_WAIT_S
+    assert waited >= finish_module.LEAVE_WAIT_S

@@ -4,19 +4,22 @@ import json
 
 import pytest
 
-from entrypoint.config import ConfigError, load_config
-from entrypoint.ecosystem import translate
-from entrypoint.hardware import choose_interface
-from entrypoint.plan import Hardware, NodeInfo, Placement, assumed_placement, explain, plan_node, plan_processes
+from entrypoint.config import ConfigError
+from entrypoint.explain import assumed_placement, explain
+from entrypoint.hardware import Hardware, choose_interface
+from entrypoint.launchers.horovod import HorovodGloo, HorovodMpi
+from entrypoint.launchers.horovod_elastic import HorovodElastic
+from entrypoint.launchers.torchrun_agent import TorchrunAgent
+from entrypoint.manifest import Image
+from entrypoint.placement import NodeInfo, Placement
+from entrypoint.plan import plan_from_env, plan_processes
 
 FW, LA = ["pytorch", "tensorflow", "keras", "mxnet"], ["native", "horovod", "mpi"]
 CPU2 = Hardware(gpus=0, cpus=2, shm_bytes=64 << 20)
 
 
-def plan(hw=CPU2, **env):
-    env = {k: str(v) for k, v in env.items()}
-    t = translate(env)
-    return plan_node(load_config(t.env, FW, LA, ("--steps", "3"), t.sources), hw, env, t.direct, python="py")
+def plan(hw=CPU2, image=Image(FW, LA), **env):
+    return plan_from_env({k: str(v) for k, v in env.items()}, image, hw, ("--steps", "3"), python="py")
 
 
 def nodes(*nprocs, ports=0):
@@ -73,9 +76,9 @@ def test_elastic_torchrun():
 
 def test_elastic_horovod_starts_workers_on_demand_with_the_drivers_own_server():
     p = plan(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=3, ROLE="master", MASTER_ADDR="m")
-    assert p.horovod_elastic and not p.rendezvous.exchange and not p.rendezvous.horovod_server
+    assert isinstance(p.launcher, HorovodElastic) and not p.rendezvous.exchange and not p.rendezvous.horovod_server
     assert plan_processes(p, at(0, nodes(1))) == []            # Horovod's ElasticDriver orders them
-    assert "ElasticDriver" in p.launcher and p.warnings == ()
+    assert "ElasticDriver" in p.starts and p.warnings == ()
 
 
 def test_fixed_size_torchrun_keeps_torchs_store_sharing():
@@ -112,7 +115,7 @@ def test_horovod_uneven_nodes():
 
 def test_tensorflow_sync_tf_config():
     p = plan(FRAMEWORK="tensorflow", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    assert p.rendezvous.exchange and p.ports_needed == 2
+    assert p.rendezvous.exchange and p.launcher.ports_needed(master=True) == 2
     specs = plan_processes(p, at(1, nodes(2, 2)))
     configs = [json.loads(s.env["TF_CONFIG"]) for s in specs]
     assert configs[0]["cluster"] == {"worker": ["10.0.0.1:40000", "10.0.0.1:40001", "10.0.0.2:40010",
@@ -128,7 +131,7 @@ def test_keras_opt_out_of_legacy_keras_is_honoured():
 
 def test_tensorflow_async_parameter_servers_on_the_master():
     p = plan(FRAMEWORK="tensorflow", SYNC_MODE="async", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NUM_PS=2)
-    assert p.ports_needed == 1 + 1 + 2
+    assert p.launcher.ports_needed(master=True) == 1 + 1 + 2
     specs = plan_processes(p, at(0, [NodeInfo(0, "m", 1, (1, 2, 3, 4)), NodeInfo(1, "w", 1, (9,))]))
     assert [(s.label, s.critical) for s in specs] == [("chief", True), ("ps 0", False), ("ps 1", False),
                                                        ("worker 0", False)]
@@ -145,8 +148,8 @@ def test_tensorflow_async_worker_node_only_serves():
 
 def test_mxnet_parameter_servers_on_the_master_workers_everywhere():
     p = plan(FRAMEWORK="mxnet", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NUM_PS=2, NPROC_PER_NODE=2)
-    assert p.rendezvous.exchange and p.numeric_addr and p.ports_needed == 1 + 2 + 2
-    assert "dist_sync" in p.launcher
+    assert p.rendezvous.exchange and p.launcher.numeric_addr and p.launcher.ports_needed(master=True) == 1 + 2 + 2
+    assert "dist_sync" in p.starts
     job = [NodeInfo(0, "10.0.0.1", 2, (50, 51, 52, 61, 60)), NodeInfo(1, "10.0.0.2", 2, (71, 70))]
     specs = plan_processes(p, at(0, job, iface="eth0"))
     assert [(s.label, s.critical) for s in specs] == [("scheduler", False), ("server 0", False), ("server 1", False),
@@ -168,7 +171,7 @@ def test_mxnet_parameter_servers_on_the_master_workers_everywhere():
 def test_mxnet_ranks_follow_the_scheduler_addresses_descending_then_ports():
     """ps-lite numbers the workers by address (descending, as strings), then port."""
     p = plan(FRAMEWORK="mxnet", NUM_NODES=3, ROLE="worker", MASTER_ADDR="m", SYNC_MODE="async")
-    assert p.ports_needed == 1 and "dist_async" in p.launcher
+    assert p.launcher.ports_needed(master=False) == 1 and "dist_async" in p.starts
     job = [NodeInfo(0, "10.0.0.9", 1, (1, 2, 30)), NodeInfo(1, "10.0.0.10", 1, (40,)), NodeInfo(2, "10.0.0.2", 1, (50,))]
     ranks = {n: plan_processes(p, at(n, job))[0].env["RANK"] for n in (1, 2)}
     assert ranks == {1: "2", 2: "1"}                     # '10.0.0.9' > '10.0.0.2' > '10.0.0.10'
@@ -177,11 +180,11 @@ def test_mxnet_ranks_follow_the_scheduler_addresses_descending_then_ports():
 
 def test_mxnet_local_and_horovod():
     local = plan(FRAMEWORK="mxnet", NPROC_PER_NODE=2)
-    assert local.rendezvous is None and local.ports_needed == 4
+    assert local.rendezvous is None and local.launcher.ports_needed(master=True) == 4
     specs = plan_processes(local, at(0, [NodeInfo(0, "127.0.0.1", 2, (5, 6, 7, 8))]))
     assert [s.label for s in specs] == ["scheduler", "server 0", "rank 0", "rank 1"]
     hvd = plan(FRAMEWORK="mxnet", LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
-    assert hvd.ports_needed == 0 and not hvd.numeric_addr
+    assert hvd.launcher.ports_needed(master=True) == 0 and not hvd.launcher.numeric_addr
     assert "HOROVOD_RANK" in plan_processes(hvd, at(0, nodes(1, 1), horovod_port=1))[0].env
 
 
@@ -283,6 +286,7 @@ def test_launched_processes_name_their_launcher_for_the_guard():
 
 def test_commands_get_the_shared_environment_and_the_interface():
     from entrypoint.plan import command_env
+
     env = command_env(plan(FRAMEWORK="keras", NET_IFNAME="ib0", NPROC_PER_NODE=2))
     assert env["OMP_NUM_THREADS"] == "1" and env["TF_USE_LEGACY_KERAS"] == "1"
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["HOROVOD_GLOO_IFACE"] == "ib0"
@@ -297,13 +301,13 @@ def test_one_cpu_node_runs_horovod_over_mpi_and_says_so():
     from entrypoint.main import preflight_summary
 
     p = plan(LAUNCHER="horovod", NPROC_PER_NODE=2)
-    assert p.horovod_controller == "mpi" and p.rendezvous is None
+    assert isinstance(p.launcher, HorovodMpi) and p.rendezvous is None
     [spec] = plan_processes(p, at(0, nodes(2), master_port=12345))
     argv = list(spec.argv)
     assert argv[:3] == ["mpirun", "--np", "2"] and argv[-4:] == ["entrypoint.main", "--", "--steps", "3"]
     assert spec.env["HOROVOD_CONTROLLER"] == "mpi" and spec.env["HOROVOD_CPU_OPERATIONS"] == "mpi"
     assert spec.env["LAUNCHER"] == "horovod" and spec.env["DISTTRAIN_LAUNCHER"] == "horovod"
-    assert "Open MPI shared memory" in p.launcher and "Horovod over MPI" in preflight_summary(p)
+    assert "Open MPI shared memory" in p.starts and "Horovod over MPI" in preflight_summary(p)
     tuned = {"OMPI_MCA_mpi_yield_when_idle": "1", "THP_MEM_ALLOC_ENABLE": "1", "HOROVOD_CYCLE_TIME": "0.1"}
     assert {k: spec.env[k] for k in tuned} == tuned
     for name in tuned:                                 # the user's value, even "0", is left alone
@@ -323,9 +327,8 @@ def test_horovod_stays_on_gloo_across_nodes_on_gpus_without_mpirun_or_when_asked
     elif case == "gloo asked":
         p = plan(LAUNCHER="horovod", NPROC_PER_NODE=2, HOROVOD_CONTROLLER="gloo")
     else:
-        env = {"LAUNCHER": "horovod", "NPROC_PER_NODE": "2"}
-        p = plan_node(load_config(env, FW, ["native", "horovod"], ()), CPU2, env, python="py", mpirun=False)
-    assert p.horovod_controller == "gloo" and p.rendezvous.horovod_server
+        p = plan(image=Image(FW, ["native", "horovod"]), LAUNCHER="horovod", NPROC_PER_NODE=2)
+    assert isinstance(p.launcher, HorovodGloo) and p.rendezvous.horovod_server
     assert "Horovod over Gloo" in preflight_summary(p)
     [spec, *_] = plan_processes(p, at(0, nodes(*([1, 1] if case == "two nodes" else [p.nproc])),
                                       horovod_addr="127.0.0.1", horovod_port=1))
@@ -333,10 +336,13 @@ def test_horovod_stays_on_gloo_across_nodes_on_gpus_without_mpirun_or_when_asked
 
 
 def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
-    assert plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m").torchrun_in_process
-    assert plan(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m").torchrun_in_process
-    assert not plan(NPROC_PER_NODE=2).torchrun_in_process                       # one node: no torch here
-    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", LAUNCHER="horovod").torchrun_in_process
-    assert not plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow").torchrun_in_process
+    def in_process(p):
+        return isinstance(p.launcher, TorchrunAgent)
+
+    assert in_process(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"))
+    assert in_process(plan(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m"))
+    assert not in_process(plan(NPROC_PER_NODE=2))                       # one node: no torch here
+    assert not in_process(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", LAUNCHER="horovod"))
+    assert not in_process(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow"))
     text = explain(p := plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), plan_processes(p, assumed_placement(p)), {})
     assert "agent runs inside the entrypoint" in text and "torch.distributed.run" in text

@@ -10,7 +10,7 @@ import time
 
 from entrypoint.log import Log
 from entrypoint.outcome import NodeState, Outcome
-from entrypoint.plan import ProcessSpec
+from entrypoint.processes import ProcessSpec
 from entrypoint.supervisor import Supervisor
 
 PY = sys.executable
@@ -97,7 +97,7 @@ sys.path.insert(0, {str(os.getcwd())!r})
 from entrypoint.log import Log
 from entrypoint.outcome import NodeState, Outcome
 from entrypoint.log import Log
-from entrypoint.plan import ProcessSpec
+from entrypoint.processes import ProcessSpec
 from entrypoint.signals import Signals
 from entrypoint.supervisor import Supervisor
 spec = ProcessSpec("rank 0", ({PY!r}, "-u", "-c", "import time; print('ready', flush=True); time.sleep(60)"), {{}})
@@ -174,7 +174,7 @@ def test_a_killed_entrypoint_takes_its_processes_with_it():
 import os, sys
 sys.path.insert(0, {str(os.getcwd())!r})
 from entrypoint.log import Log
-from entrypoint.plan import ProcessSpec
+from entrypoint.processes import ProcessSpec
 from entrypoint.supervisor import Supervisor
 spec = ProcessSpec("launcher", ({PY!r}, "-u", "-c", {ESCAPING!r}), {{}})
 Supervisor([spec], dict(os.environ), 5.0, Log()).run()

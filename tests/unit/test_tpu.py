@@ -4,10 +4,14 @@ a Cloud TPU VM (or GKE's TPU pods) sets. No chip is needed; none is used."""
 import pytest
 
 from entrypoint import hardware
-from entrypoint.config import ConfigError, load_config
-from entrypoint.ecosystem import translate
+from entrypoint.config import ConfigError
+from entrypoint.explain import explain
+from entrypoint.hardware import Hardware
+from entrypoint.launchers.xla import XlaHost
 from entrypoint.main import preflight_summary
-from entrypoint.plan import Hardware, NodeInfo, Placement, explain, plan_node, plan_processes
+from entrypoint.manifest import Image
+from entrypoint.placement import NodeInfo, Placement
+from entrypoint.plan import plan_from_env, plan_processes
 
 FW, LA = ["pytorch"], ["native"]
 V4 = Hardware(gpus=0, cpus=240, shm_bytes=64 << 30, tpu_chips=4, tpu_kind="v4",
@@ -17,10 +21,8 @@ GPU = Hardware(gpus=2, cpus=16, shm_bytes=8 << 30)
 
 
 def plan(hw=V4, xla=True, **env):
-    env = {k: str(v) for k, v in env.items()}
-    t = translate(env)
-    config = load_config(t.env, FW, LA, ("--steps", "3"), t.sources, xla=xla)
-    return plan_node(config, hw, env, t.direct, python="py", xla=xla)
+    return plan_from_env({k: str(v) for k, v in env.items()}, Image(FW, LA, xla=xla), hw, ("--steps", "3"),
+                         python="py")
 
 
 def error(hw=V4, xla=True, **env) -> str:
@@ -78,7 +80,7 @@ def test_detect_reports_chips_and_device_files(tmp_path):
 def test_tpu_host_runs_one_xla_process_per_host():
     p = plan()
     assert (p.accelerator.kind, p.accelerator.pjrt_device, p.nproc, p.world_size) == ("tpu", "TPU", 1, None)
-    assert p.env["PJRT_DEVICE"] == "TPU" and p.xla_host
+    assert p.env["PJRT_DEVICE"] == "TPU" and isinstance(p.launcher, XlaHost)
     [spec] = plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 1),), master_port=41000))
     assert spec.argv == ("py", "-u", "/app/code/train.py", "--steps", "3")     # no torchrun: PJRT's own launch
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"]) == ("127.0.0.1", "41000")
@@ -89,7 +91,7 @@ def test_one_process_per_chip_when_asked():
     p = plan(NPROC_PER_NODE=4)
     [spec] = plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 4),)))
     assert spec.argv[:3] == ("py", "-m", "torch.distributed.run") and "--nproc-per-node=4" in spec.argv
-    assert spec.env["PJRT_DEVICE"] == "TPU" and not p.xla_host and p.world_size == 4
+    assert spec.env["PJRT_DEVICE"] == "TPU" and not isinstance(p.launcher, XlaHost) and p.world_size == 4
     assert "NPROC_PER_NODE=8" in error(NPROC_PER_NODE=8) and "this host has 4" in error(NPROC_PER_NODE=8)
 
 
@@ -179,7 +181,7 @@ def test_gpu_choice():
 
 def test_xla_cpu_client_is_one_process():
     p = plan(CPU, PJRT_DEVICE="CPU")
-    assert (p.accelerator.kind, p.env["PJRT_DEVICE"], p.xla_host) == ("cpu", "CPU", True)
+    assert (p.accelerator.kind, p.env["PJRT_DEVICE"], isinstance(p.launcher, XlaHost)) == ("cpu", "CPU", True)
     for env in (dict(NPROC_PER_NODE=2), dict(ROLE="master", NUM_NODES=2, MASTER_ADDR="m")):
         message = error(CPU, PJRT_DEVICE="CPU", **env)
         assert message.startswith("PJRT_DEVICE='CPU': XLA's CPU client serves one process")

@@ -3,7 +3,7 @@
 horovodrun starts `RendezvousServer` on a random port and reaches the workers over SSH.
 Containers have neither, so the master's entrypoint runs Horovod's server classes itself
 on HOROVOD_PORT and every node starts its workers with the HOROVOD_* environment that
-horovodrun would have given them (plan.horovod_processes). For elastic jobs the handler
+horovodrun would have given them (horovod.py). For elastic jobs the handler
 is Horovod's elastic one, bound to its ElasticDriver (horovod_elastic.py).
 
 Like Horovod's RendezvousServer: `start(handler)`, then `init(host assignments)`, `stop()`.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 
-from .plan import NodeInfo, horovod_slots
 
 
 class HorovodRendezvous:
@@ -23,11 +22,11 @@ class HorovodRendezvous:
         self.thread: threading.Thread | None = None
 
     @staticmethod
-    def for_nodes(nodes: list[NodeInfo], port: int, host: str = "0.0.0.0") -> "HorovodRendezvous":
-        """A fixed-size job: Horovod's host assignment for these nodes, served now."""
+    def serving(slots, port: int, host: str = "0.0.0.0") -> "HorovodRendezvous":
+        """A fixed-size job: Horovod's host assignment (its slots), served now."""
         server = HorovodRendezvous(port, host)
         server.start()
-        server.init(horovod_slots(nodes))
+        server.init(slots)
         return server
 
     def start(self, handler=None) -> int:

@@ -1,4 +1,4 @@
-"""Elastic Horovod (hvd.elastic) without SSH or horovodrun: Horovod's own ElasticDriver, fed by the job store.
+"""Elastic Horovod's machinery (launcher: horovod_elastic.py): Horovod's own ElasticDriver, fed by the job store.
 
 `horovodrun --host-discovery-script` runs horovod.runner.elastic.driver.ElasticDriver on
 the launching machine: it asks a HostDiscovery for the hosts, serves the elastic
@@ -24,31 +24,24 @@ Keys (job store, under the job's prefix):
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 
 from horovod.runner.elastic.discovery import HostDiscovery
 
-from .config import Config
-from .horovod_rendezvous import HorovodRendezvous
-from .jobstore import JobStore, StoreGone
-from .log import Log
-from .outcome import Outcome
-from .plan import NodePlan, Placement, ProcessSpec, iface_env, script_argv
-from .signals import Signals
-from .supervisor import POLL_INTERVAL, WATCH_INTERVAL, Children
-from .watch import Heartbeats, JobWatch
+from ..config import Config
+from ..jobstore import JobStore, StoreGone
+from ..log import Log
+from ..outcome import Outcome
+from ..processes import ProcessSpec
+from ..signals import Signals
+from ..supervision import POLL_INTERVAL, supervise
+from ..supervisor import Children
+from ..watch import Heartbeats, JobWatch
+from .horovod import gloo_env, host_name, node_env, node_rank_of, slot_env
+from .horovod_server import HorovodRendezvous
 
 PENDING_JOIN_S = 3.0     # a discovered host unassigned this long is announced to rank 0 again
-
-
-def host_name(node_rank: int) -> str:
-    return f"node{node_rank}"
-
-
-def node_rank_of(host: str) -> int:
-    return int(host[len("node"):])
 
 
 def _order_key(host: str, i: int) -> str:
@@ -80,7 +73,7 @@ class HorovodElasticDriver:
     """On the master: Horovod's ElasticDriver, its elastic rendezvous server on
     HOROVOD_PORT, and the job's result in the job store when it ends."""
 
-    def __init__(self, store: JobStore, plan: NodePlan, log: Log):
+    def __init__(self, store: JobStore, plan, log: Log):
         from horovod.runner.elastic.driver import ElasticDriver
         from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 
@@ -95,6 +88,9 @@ class HorovodElasticDriver:
 
     def start(self) -> None:
         self.thread.start()
+
+    def stop(self) -> None:
+        self.driver.stop()
 
     def _run(self) -> None:
         try:
@@ -149,14 +145,10 @@ class HorovodElasticDriver:
     def start_worker(self, slot_info, events) -> tuple[int, float]:
         """Horovod's create_worker_fn: one worker process on slot_info's host; returns its
         exit code and when it ended, as the SSH-based one does."""
-        from horovod.runner.gloo_run import create_slot_env_vars
-
         host, c = slot_info.hostname, self.config
         # No RANK/WORLD_SIZE: the world changes size by design, and Horovod refreshes its own
         # HOROVOD_* variables at every reset (disttrain.context() reads those).
-        env = {**create_slot_env_vars(slot_info),
-               "HOROVOD_GLOO_RENDEZVOUS_ADDR": c.master_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
-               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_ELASTIC": "1"}
+        env = {**slot_env(slot_info), **gloo_env(c.master_addr, self.port), "HOROVOD_ELASTIC": "1"}
         node, stop_sent = node_rank_of(host), False
         try:
             key = _order_key(host, self.store.add(f"hvd/{host}/orders", 1))
@@ -178,50 +170,42 @@ class HorovodElasticNode:
     """On every node: starts the Horovod workers the driver orders for this node, reports
     their exits, and ends with the driver's result (or when the job says so)."""
 
-    def __init__(self, store: JobStore, plan: NodePlan, placement: Placement, base_env: dict[str, str], log: Log,
+    def __init__(self, store: JobStore, plan, placement, base_env: dict[str, str], log: Log,
                  signals: Signals, watch: JobWatch):
-        self.store, self.plan, self.log, self.signals, self.watch = store, plan, log, signals, watch
+        self.store, self.plan, self.placement = store, plan, placement
+        self.log, self.signals, self.watch = log, signals, watch
         self.host = host_name(placement.node_rank)
-        self.iface = placement.iface
         self.children = Children(base_env, plan.config.grace_period, log)
         self.orders: dict[int, tuple[ProcessSpec, object]] = {}
         self.reported: set[int] = set()
 
     def run(self) -> Outcome:
-        outcome = self._run()
+        outcome = supervise(self, self.watch, self.signals, self.log)
         self.children.stop_all()
         return outcome
 
-    def _run(self) -> Outcome:
-        last_watch = 0.0
-        while True:
-            if self.signals.received is not None:
-                name = signal.Signals(self.signals.received).name
-                self.log.say(f"{name} received: stopping {len(self.children.running)} process(es)")
-                return self.watch.stopping(self.signals.received)
-            try:
-                self._take_orders()
-                self._report_exits()
-                if self.store.has("hvd/result"):
-                    return Outcome.from_json(self.store.get("hvd/result"))
-            except StoreGone as exc:
-                return self.watch.check() or Outcome.lost(f"lost the job store: {exc}")
-            now = time.monotonic()
-            if now - last_watch >= WATCH_INTERVAL:
-                last_watch = now
-                verdict = self.watch.check()
-                if verdict is not None:
-                    self.log.say(f"stopping: {verdict.reason}")
-                    return verdict
-            time.sleep(POLL_INTERVAL)
+    # ----------------------------------------------------------------- Supervised
+    def poll(self) -> Outcome | None:
+        try:
+            self._take_orders()
+            self._report_exits()
+            if self.store.has("hvd/result"):
+                return Outcome.from_json(self.store.get("hvd/result"))
+        except StoreGone as exc:
+            return self.watch.check() or Outcome.lost(f"lost the job store: {exc}")
+        return None
+
+    def what(self) -> str:
+        return f"{len(self.children.running)} process(es)"
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def _take_orders(self) -> None:
         count = self.store.add(f"hvd/{self.host}/orders", 0)
         for i in range(len(self.orders) + 1, count + 1):
             order = json.loads(self.store.get(_order_key(self.host, i)))
-            env = {**self.plan.env, **iface_env(self.iface), **order["env"],
-                   "HOROVOD_GLOO_IFACE": self.iface or "lo", "NODE_RANK": str(node_rank_of(self.host))}
-            spec = ProcessSpec(f"rank {env['HOROVOD_RANK']}", script_argv(self.plan.config, self.plan.python), env)
+            spec = self.plan.launcher.ordered(self.plan, self.placement, order["env"])
             self.orders[i] = (spec, self.children.start(spec))
 
     def _report_exits(self) -> None:

@@ -1,4 +1,4 @@
-"""torchrun's elastic agent inside the entrypoint: one process per node imports torch for
+"""torchrun across nodes (TorchrunAgent): torch's elastic agent inside the entrypoint: one process per node imports torch for
 the launch (the job store already needs it), not two.
 
 The TorchrunLaunch (torchrun.py) is read back by torch's own parser, as torchrun's command
@@ -8,8 +8,9 @@ built as torch's launch_agent builds it, with one addition: it stops when asked 
 or the job watch), as torchrun stops on SIGTERM, shutting its workers down with the signal
 and GRACE_PERIOD before SIGKILL, and leaving the rendezvous open for the nodes that stay.
 
-The agent runs on a thread of its own; this thread supervises it as Supervisor does its
-processes: the signals, the job watch once a second, the agent's result. What the
+The agent runs on a thread of its own; this thread supervises it in the one supervision
+loop (supervision.py), as Supervisor does its processes: the signals, the job watch once a
+second, the agent's result. What the
 supervisor gives each process, the workers get here too: the node token (in this process's
 environment, which the agent's workers inherit; the sentinel ends them if this process is
 killed), and output lines prefixed the same way (torch's tee: '[rank3]: ...'; anything else
@@ -25,13 +26,14 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
-from .log import Log
-from .outcome import NodeState, Outcome
-from .reaper import TOKEN_VAR, Sentinel, new_token, sweep
-from .signals import Signals
-from .supervisor import POLL_INTERVAL, Watch, WatchEverySecond
-from .torchrun import TorchrunLaunch
+from ..log import Log
+from ..outcome import NodeState, Outcome
+from ..reaper import TOKEN_VAR, Sentinel, new_token, sweep
+from ..signals import Signals
+from ..supervision import POLL_INTERVAL, Watch, supervise
+from .torchrun import Torchrun, TorchrunLaunch
 
 AGENT_LABEL = "torchrun"
 
@@ -152,7 +154,7 @@ class InProcessTorchrun:
             thread = threading.Thread(target=self._run_agent, args=(config, program, args), daemon=True,
                                       name="torchrun-agent")
             thread.start()
-            outcome = self._supervise()
+            outcome = supervise(self, self.watch, self.signals, self.log)
             self._end(thread, outcome)
             return outcome
         finally:
@@ -194,20 +196,19 @@ class InProcessTorchrun:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         return Outcome.failed(f"{AGENT_LABEL}: rank {rank} {how}", 1)
 
-    def _supervise(self) -> Outcome:
-        watch = WatchEverySecond(self.watch, self.log)
-        while True:
-            if self.signals.received is not None:
-                signum = self.signals.received
-                self.log.say(f"{signal.Signals(signum).name} received: stopping {AGENT_LABEL}'s workers")
-                return self.watch.stopping(signum) if self.watch else Outcome.stopped(signum)
-            if self._done.is_set():
-                if self._result.state is not NodeState.SUCCEEDED:
-                    self.log.say(f"{self._result.reason}: stopping")
-                return self._result
-            if (verdict := watch.verdict()) is not None:
-                return verdict
-            self._done.wait(POLL_INTERVAL)
+    # ----------------------------------------------------------------- Supervised
+    def poll(self) -> Outcome | None:
+        if not self._done.is_set():
+            return None
+        if self._result.state is not NodeState.SUCCEEDED:
+            self.log.say(f"{self._result.reason}: stopping")
+        return self._result
+
+    def what(self) -> str:
+        return f"{AGENT_LABEL}'s workers"
+
+    def wait(self, seconds: float) -> None:
+        self._done.wait(seconds)
 
     def _end(self, thread: threading.Thread, outcome: Outcome) -> None:
         """Stop the agent if it still runs: its workers get SIGTERM, then SIGKILL after the
@@ -225,3 +226,24 @@ class InProcessTorchrun:
         if thread.is_alive():
             self.log.say(f"{AGENT_LABEL}'s agent did not stop within GRACE_PERIOD={self.grace:g}s: "
                          f"SIGKILL to its workers")
+
+
+@dataclass(frozen=True)
+class TorchrunAgent(Torchrun):
+    """Across nodes: torch's elastic agent runs inside the entrypoint (torchrun_agent.py),
+    which has imported torch for the job store already, rather than in a second process
+    that imports it again."""
+
+    in_process = True
+
+    def dry_run_notes(self) -> list[str]:
+        return ["(torch's elastic agent runs inside the entrypoint, configured by this torchrun command line)"]
+
+    def runner(self, plan, job, base_env, log, signals):
+        from ..reaper import new_token
+
+        launch = self.launch(plan, job.placement)
+        log.say(f"starting torch's elastic agent in this process: {self.describe()}")
+        token = new_token()
+        return InProcessTorchrun(launch, plan.python, self.config.grace_period, log, signals=signals, token=token,
+                                 watch=job.watch(serverless=False, token=token, agent_in_process=True))

@@ -1,0 +1,58 @@
+"""The dry run (`--dry-run`, EXPLAIN=1): the launch plan in words, and the processes it
+would start, before any rendezvous. Pure."""
+
+from __future__ import annotations
+
+import shlex
+
+from .placement import NodeInfo, Placement
+from .plan import NodePlan
+from .processes import ProcessSpec
+
+
+def assumed_placement(plan: NodePlan) -> Placement:
+    """For EXPLAIN before rendezvous: every node like this one, ports as placeholders."""
+    c = plan.config
+    count = c.num_nodes if plan.mode == "distributed" and not c.elastic else 1
+    nodes = []
+    for rank in range(count):
+        ports = plan.launcher.ports_needed(master=rank == 0)
+        addr = c.master_addr if rank == 0 else f"<node {rank} address>"
+        nodes.append(NodeInfo(rank, addr, plan.nproc, tuple(range(20000 + 100 * rank, 20000 + 100 * rank + ports))))
+    rank = plan.direct.rank if plan.direct else (c.node_rank or 0)
+    return Placement(rank, tuple(nodes), iface=c.net_ifname, master_port=c.master_port,
+                     horovod_addr=c.master_addr, horovod_port=c.horovod_port)
+
+
+def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:
+    c = plan.config
+    lines = [f"disttrain launch plan ({plan.mode})",
+             f"  framework:   {c.framework}    launcher: {c.launcher}    sync: {c.sync_mode}    "
+             f"parallel: {c.parallel_mode} (tp={plan.env.get('TP_SIZE')}, dp={plan.env.get('DP_SIZE')})",
+             f"  node:        role={c.role} node_rank={c.node_rank if c.node_rank is not None else 'at rendezvous'} "
+             f"nodes={c.num_nodes if not c.elastic else f'{c.min_nodes}:{c.max_nodes}'} "
+             f"processes/node={plan.nproc} world={plan.launcher.world_text}",
+             f"  accelerator: {plan.accelerator.kind}"
+             + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else "")
+             + (f"; {plan.hardware.tpu_text()}" if plan.hardware and plan.accelerator.kind == "tpu" else ""),
+             f"  starts:      {plan.starts}"]
+    if plan.rendezvous:
+        r = plan.rendezvous
+        serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]
+        lines.append(f"  rendezvous:  job store {r.endpoint}; this node serves: {', '.join(serves) or 'nothing'}; "
+                     f"address exchange: {'yes' if r.exchange else 'no'}; timeout {r.timeout}s")
+    for source, value in sorted(c.sources.items()):
+        lines.append(f"  from scheduler: {source} <- {value}")
+    for warning in plan.warnings:
+        lines.append(f"  WARNING: {warning}")
+    if processes is not None:
+        lines.append("  processes:" + (" (assuming every node looks like this one)" if plan.mode == "distributed" else ""))
+        lines += [f"    {note}" for note in plan.launcher.dry_run_notes()]
+        for p in processes:
+            keys = sorted(k for k in p.env if base_env.get(k) != p.env[k])
+            shown = " ".join(f"{k}={shlex.quote(p.env[k])}" for k in keys if k != "TF_CONFIG")
+            lines.append(f"    [{p.label}]{'' if p.critical else ' (server)'} {' '.join(shlex.quote(a) for a in p.argv)}")
+            lines.append(f"        env: {shown}")
+            if "TF_CONFIG" in p.env:
+                lines.append(f"        TF_CONFIG={p.env['TF_CONFIG']}")
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""The Launcher interface: everything one way of launching decides, in one class.
+
+A launcher is chosen once per node (launchers/__init__.py, `choose`) from the
+configuration, the accelerator and the image, and then answers, in the order a node needs
+the answers:
+
+    check(hw)            its checks of the configuration (ConfigError), and its warnings
+    world_size           the job's fixed world size, or None (elastic, or set by PJRT)
+    rendezvous()         how this node meets the others (None: it meets nobody)
+    ports_needed(master) the free ports this node publishes at rendezvous
+    env()                what it adds to every process's environment
+    describe()           its line of the dry run and of the log ('starts: ...')
+    serve(...)           the servers it runs on the master once the nodes are known
+    processes(plan, placement)   the node's processes, once it has joined
+    runner(...)          what runs and supervises them, returning the node's Outcome
+
+Subclasses override what differs; the defaults are the common case (a supervised list of
+processes, one job store, nothing served). The methods that run take the NodePlan (`plan`:
+its shared `env` and `python`) and the JoinedJob (`job`: its `placement`, `store` and
+`watch(...)`); both modules sit above this one and are not imported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..accelerators import Accelerator
+from ..config import Config
+from ..ecosystem import DirectRank
+from ..hardware import Hardware
+from ..jobstore import JobStore
+from ..log import Log
+from ..placement import NodeInfo, Placement
+from ..processes import ProcessSpec, script_argv
+from ..signals import Signals
+from ..supervision import Runner
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    endpoint: str                    # MASTER_ADDR:MASTER_PORT, the job store
+    serve_store: bool                # this node hosts the job store (the master)
+    exchange: bool                   # nodes must exchange addresses before launching
+    horovod_server: bool             # this node serves the launcher's rendezvous (Horovod's HTTP server)
+    timeout: int
+
+
+class Server:
+    """Something a launcher serves on the master while the job runs (Horovod's rendezvous,
+    its elastic driver): the port the workers reach it at, and how it stops."""
+    port: int | None
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Launcher:
+    config: Config
+    mode: str                        # local | distributed | direct
+    nproc: int                       # processes this node starts (ranks, or one launcher process)
+    accelerator: Accelerator
+    direct: DirectRank | None = None
+
+    exchange = False                 # the nodes publish their addresses and wait for each other
+    numeric_addr = False             # publish an IP, not a name
+    serves = False                   # serves something of its own on the master (serve())
+    transport = ""                   # how the ranks talk, for the preflight line, where worth saying
+
+    # ----------------------------------------------------------------- planning
+    def check(self, hw: Hardware) -> list[str]:
+        """Raise ConfigError for what this launcher cannot run; return its warnings."""
+        return []
+
+    @property
+    def world_size(self) -> int | None:
+        if self.config.elastic:
+            return None
+        return self.nproc * (self.config.num_nodes if self.mode == "distributed" else 1)
+
+    @property
+    def world_text(self) -> str:
+        return str(self.world_size) if self.world_size else "elastic"
+
+    def rendezvous(self) -> Rendezvous | None:
+        c = self.config
+        if self.mode != "distributed":
+            return None
+        master = c.role == "master"
+        return Rendezvous(endpoint=f"{c.master_addr}:{c.master_port}", serve_store=master, exchange=self.exchange,
+                          horovod_server=self.serves and master, timeout=c.rdzv_timeout)
+
+    def ports_needed(self, master: bool) -> int:
+        return 0
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def dry_run_notes(self) -> list[str]:
+        return []
+
+    # ----------------------------------------------------------------- running
+    def serve(self, plan, nodes: list[NodeInfo], store: JobStore | None, log: Log) -> Server | None:
+        """On the master (or the one local node), once the nodes are known."""
+        return None
+
+    def processes(self, plan, placement: Placement) -> list[ProcessSpec]:
+        raise NotImplementedError
+
+    def runner(self, plan, job, base_env: dict[str, str], log: Log,
+               signals: Signals) -> Runner:
+        """A Supervisor over the planned processes (the common case)."""
+        from ..reaper import new_token
+        from ..supervisor import Supervisor
+
+        processes = self.processes(plan, job.placement)
+        log.say(f"starting {len(processes)} process(es): {self.describe()}")
+        token = new_token()
+        watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
+        return Supervisor(processes, base_env, self.config.grace_period, log, watch=watch, signals=signals,
+                          token=token)
+
+    # ----------------------------------------------------------------- helpers for subclasses
+    def script(self, python: str) -> tuple[str, ...]:
+        return script_argv(self.config.entrypoint, self.config.script_args, python)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.config.master_addr}:{self.config.master_port}"

@@ -1,0 +1,45 @@
+"""LAUNCHER=horovod with MIN_NODES/MAX_NODES: elastic Horovod (hvd.elastic) without SSH or
+horovodrun. Horovod's ElasticDriver runs on the master (horovod_driver.py) and orders
+workers through the job store; every node's entrypoint starts the ones ordered for it,
+with the same Horovod environment builders as fixed-size jobs (horovod.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..processes import ProcessSpec
+from .base import Launcher
+from .horovod import node_env
+
+
+@dataclass(frozen=True)
+class HorovodElastic(Launcher):
+    """hvd.elastic: workers are started on demand by Horovod's ElasticDriver on the master."""
+    serves = False             # its driver serves its own rendezvous; the nodes exchange nothing
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"Horovod elastic, no SSH: Horovod's ElasticDriver on the master, {c.min_nodes}:"
+                f"{c.max_nodes} nodes from the job store")
+
+    def serve(self, plan, nodes, store, log):
+        from .horovod_driver import HorovodElasticDriver
+
+        driver = HorovodElasticDriver(store, plan, log)
+        driver.start()
+        return driver
+
+    def processes(self, plan, placement) -> list[ProcessSpec]:
+        return []                  # Horovod's ElasticDriver orders them, one at a time
+
+    def ordered(self, plan, placement, order_env: dict[str, str]) -> ProcessSpec:
+        """One worker the driver ordered for this node: the slot's environment (the driver's)
+        on top of what this node gives every Horovod worker."""
+        env = {**plan.env, **node_env(placement.iface, placement.node_rank), **order_env}
+        return ProcessSpec(f"rank {env['HOROVOD_RANK']}", self.script(plan.python), env)
+
+    def runner(self, plan, job, base_env, log, signals):
+        from .horovod_driver import HorovodElasticNode
+
+        log.say(f"running Horovod workers as the driver asks: {self.describe()}")
+        return HorovodElasticNode(job.store, plan, job.placement, base_env, log, signals, job.watch(serverless=False))

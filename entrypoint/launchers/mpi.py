@@ -1,0 +1,36 @@
+"""LAUNCHER=mpi: mpirun (Open MPI) on the master starts the entrypoint once per rank; each
+one sees OMPI_COMM_WORLD_* and runs the script directly (launchers/direct.py), with
+RANK/WORLD_SIZE/MASTER_* for torch's env://. Across nodes, HOSTFILE names the hosts and
+mpirun reaches them through its own launch agent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..processes import ProcessSpec, iface_env
+from .base import Launcher
+
+
+@dataclass(frozen=True)
+class Mpirun(Launcher):
+    def describe(self) -> str:
+        c = self.config
+        return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={c.hostfile}" if c.hostfile else "")
+
+    def processes(self, plan, placement) -> list[ProcessSpec]:
+        c = self.config
+        master_port = placement.master_port or c.master_port
+        if self.mode == "distributed" and placement.node_rank != 0:
+            return []          # the master's mpirun reaches this node through the MPI launch agent
+        env = {**plan.env, **iface_env(placement.iface), "MASTER_ADDR": c.master_addr,
+               "MASTER_PORT": str(master_port), "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi",
+               "ENTRYPOINT": c.entrypoint}
+        argv = ["mpirun", "--np", str(self.world_size), "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+        if c.hostfile:
+            argv += ["--hostfile", c.hostfile]
+        for name in sorted(env):
+            argv += ["-x", name]
+        # `--`: what follows is the script's, even a word that names a program (arguments.py).
+        argv += ["-x", "PATH", "-x", "DISTTRAIN_MANIFEST", plan.python, "-m", "entrypoint.main", "--",
+                 *c.script_args]
+        return [ProcessSpec("mpirun", tuple(argv), env)]

@@ -1,0 +1,50 @@
+"""Where a node stands in its job: what nodes tell each other at rendezvous, and where the
+job's keys live. Plain values, shared by the planner, the job store and the launchers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+def job_prefix(run_id: str) -> str:
+    """Where one job's keys live in the job store (jobstore.py)."""
+    return f"disttrain/{run_id}/"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node tells the others at rendezvous."""
+    node_rank: int
+    addr: str
+    nproc: int
+    ports: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"node_rank": self.node_rank, "addr": self.addr, "nproc": self.nproc,
+                           "ports": list(self.ports)})
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "NodeInfo":
+        data = json.loads(text)
+        return NodeInfo(int(data["node_rank"]), data["addr"], int(data["nproc"]), tuple(data["ports"]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node stands once it has joined the job: what the launchers need."""
+    node_rank: int
+    nodes: tuple[NodeInfo, ...] = ()     # every node when the launcher exchanges addresses, else this one
+    iface: str | None = None             # NIC for NCCL, Gloo and Horovod (None: theirs to choose)
+    master_port: int | None = None       # torch's MASTER_PORT for processes that form their own group
+    horovod_addr: str | None = None      # the launcher's server on the master (Horovod's rendezvous)
+    horovod_port: int | None = None
+
+    @property
+    def me(self) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.node_rank == self.node_rank), None)
+
+    @property
+    def ordered(self) -> list[NodeInfo]:
+        """Every node, in node-rank order."""
+        return sorted(self.nodes, key=lambda n: n.node_rank)

@@ -1,0 +1,91 @@
+"""The one supervision loop: what every runner of a node's processes does while they run.
+
+As torch's elastic agent has one `_invoke_run` loop, every runner here (the Supervisor of
+planned processes, torch's agent inside the entrypoint, the elastic-Horovod node) is a
+`Supervised`: it says how its own processes stand (`poll`), and `supervise` does the rest,
+in one order, every POLL_INTERVAL:
+
+1. a signal (SIGTERM, SIGINT): the other nodes are told first (the watch), then the node
+   stops with the signal's outcome;
+2. the runner's own verdict: a process failed, every critical one succeeded, the agent
+   ended, the driver's result is in;
+3. the job watch, at most once per WATCH_INTERVAL: another node failed, the master is gone,
+   the job finished for a node that only serves.
+
+The runner then stops what it started; `supervise` only decides when and why.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Protocol
+
+from .log import Log
+from .outcome import NodeState, Outcome
+from .signals import Signals
+
+POLL_INTERVAL = 0.2
+WATCH_INTERVAL = 1.0
+
+
+class Watch(Protocol):
+    def check(self) -> Outcome | None:
+        """None while the node should go on; else the outcome that stops it."""
+
+    def stopping(self, signum: int) -> Outcome:
+        """This node got a signal: tell the others first; returns what the node reports."""
+
+
+class Supervised(Protocol):
+    def poll(self) -> Outcome | None:
+        """None while the runner's processes go on; else the node's outcome."""
+
+    def what(self) -> str:
+        """What a signal stops, for the log line: '2 process(es)', "torchrun's workers"."""
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until the next poll (or until the runner has news)."""
+
+
+class Runner(Protocol):
+    watch: Watch | None              # what it watched: the finish goes on watching it (finish.py)
+
+    def run(self) -> Outcome:
+        """Start this node's processes, supervise them, stop them; the node's outcome."""
+
+
+class WatchEverySecond:
+    """Asks the job watch (if any) at most once per WATCH_INTERVAL, from a loop that polls
+    faster; says why it stops the node unless the verdict is success."""
+
+    def __init__(self, watch: Watch | None, log: Log):
+        self.watch, self.log = watch, log
+        self._last = 0.0
+
+    def verdict(self) -> Outcome | None:
+        now = time.monotonic()
+        if self.watch is None or now - self._last < WATCH_INTERVAL:
+            return None
+        self._last = now
+        verdict = self.watch.check()
+        if verdict is not None and verdict.state is not NodeState.SUCCEEDED:
+            self.log.say(f"stopping: {verdict.reason}")
+        return verdict
+
+
+def supervise(runner: Supervised, watch: Watch | None, signals: Signals, log: Log) -> Outcome:
+    """Until something ends this node: a signal, the runner's verdict, or the job watch's."""
+    every_second = WatchEverySecond(watch, log)
+    while True:
+        if signals.received is not None:
+            signum = signals.received
+            log.say(f"{signal.Signals(signum).name} received: stopping {runner.what()}")
+            # Tell the other nodes first: their processes are about to lose this node's,
+            # and should read that as "stopped", not as a failure.
+            return watch.stopping(signum) if watch else Outcome.stopped(signum)
+        if (outcome := runner.poll()) is not None:
+            return outcome
+        if (verdict := every_second.verdict()) is not None:
+            return verdict
+        runner.wait(POLL_INTERVAL)
