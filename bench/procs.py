@@ -24,16 +24,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def base_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k in ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV", "OMPI_ALLOW_RUN_AS_ROOT",
-                    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")}
+KEPT = ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV", "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def child_env(**extra) -> dict[str, str]:
+    """The basics of a job's process started here, for the benchmarks and the tests alike:
+    the machine's PATH and friends, Open MPI allowed as root (the image runs as a user; a
+    root machine must opt in for mpirun), this checkout on PYTHONPATH, then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in KEPT}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-               CHECKPOINT_DIR="/tmp/disttrain-bench-ckpt", DATA_DIR="/tmp/disttrain-bench-data")
+    env["PYTHONPATH"] = str(ROOT)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def base_env(**extra) -> dict[str, str]:
+    """A benchmark's process: unbuffered output, quiet TensorFlow, scratch folders."""
+    return child_env(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CHECKPOINT_DIR="/tmp/disttrain-bench-ckpt",
+                     DATA_DIR="/tmp/disttrain-bench-data", **extra)
 
 
 def entrypoint(*args: str) -> list[str]:

@@ -2,14 +2,14 @@
 
 Node k runs `python -m entrypoint.main` with NODE_ADDR=127.0.0.(k+1); the master serves
 the job store on 127.0.0.1. Every process is real: torchrun, Horovod, TensorFlow, gloo.
+Tests get them through the `jobs` fixture (tests/e2e/conftest.py), a `Jobs` that stops
+every node it started when the test ends, passed or failed.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.procs import child_env, free_port
 from tests.conftest import ROOT
 
 # Two ranks' lines can arrive glued on one pipe: mpirun --tag-output ("...digest=ab[1,1]<stdout>:RESULT ..."),
@@ -24,12 +25,6 @@ from tests.conftest import ROOT
 # The digest is hex, and a result's extra fields end at the next rank's tag or RESULT.
 RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
                        r"loss_after=([\d.]+) digest=([0-9a-f]+)((?:(?!\[\d+,\d+\]<std|RESULT ).)*)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -41,6 +36,21 @@ class Result:
     after: float
     digest: str
     extra: str
+
+
+# Lines the elastic jobs write: the entrypoint's membership changes, rank 0's training rounds.
+CHANGE_RE = re.compile(r"entrypoint: membership changed: world size (\d+) -> (\d+), resumed from step (\d+)")
+ROUND_RE = re.compile(r"ROUND rank=0 world=(\d+) from_step=(\d+) loss=([\d.]+)")
+
+
+def changes(output: str) -> list[tuple[int, int, int]]:
+    return [(int(a), int(b), int(s)) for a, b, s in CHANGE_RE.findall(output)]
+
+
+def initial_loss(output: str) -> float:
+    first = [float(loss) for _, step, loss in ROUND_RE.findall(output) if step == "0"]
+    assert first, output[-3000:]
+    return first[0]
 
 
 def results(output: str) -> list[Result]:
@@ -120,6 +130,10 @@ class RestartingNode(Node):
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.codes[-1]
 
+    def stop_restarting(self) -> None:
+        with self._lock:
+            self._stopping = True
+
     def stop(self) -> None:
         """No more restarts; kill what runs."""
         with self._lock:
@@ -128,47 +142,75 @@ class RestartingNode(Node):
 
 
 def base_env(tmp: Path, **env) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV")}
-    if os.geteuid() == 0:       # the image runs as a user; a root test machine must opt in for mpirun
-        keep.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return {**keep, "PYTHONPATH": str(ROOT), "ENTRYPOINT": str(ROOT / "examples" / "train.py"),
-            "CHECKPOINT_DIR": str(tmp / "checkpoints"), "DATA_DIR": str(tmp / "data"), "RDZV_TIMEOUT": "90",
-            "GRACE_PERIOD": "5", **{k: str(v) for k, v in env.items()}}
+    """A node's environment: the machine's basics (bench.procs.child_env), this checkout's
+    example script, and the test's own folders."""
+    return child_env(ENTRYPOINT=str(ROOT / "examples" / "train.py"), CHECKPOINT_DIR=str(tmp / "checkpoints"),
+                     DATA_DIR=str(tmp / "data"), RDZV_TIMEOUT="90", GRACE_PERIOD="5", **env)
 
 
-def start_job(tmp: Path, nodes: int, args: list[str], python: str = sys.executable, restart: bool = False,
+class Jobs:
+    """Every node a test starts, stopped when it ends (`close`): SIGTERM to each node's
+    process tree, GRACE_S to exit, then SIGKILL, then wait, so that nothing outlives a
+    test that failed half-way."""
+
+    GRACE_S = 5.0
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.nodes: list[Node] = []
+
+    def start(self, nodes: int, args: list[str], python: str = sys.executable, restart: bool = False,
               **env) -> list[Node]:
-    """`restart`: every node restarts on failure, as under compose/restart.yml."""
-    port = free_port()
-    started = []
-    for k in range(nodes):
-        node_env = base_env(tmp, NUM_NODES=nodes, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                            HOROVOD_PORT=free_port(), **env)
-        if nodes > 1:
-            node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
-                            NODE_ADDR=f"127.0.0.{k + 1}")
-        started.append((RestartingNode if restart else Node)(node_env, args, tmp / f"node{k}.log", python=python))
-    return started
+        """`nodes` nodes of one job. `restart`: every node restarts on failure, as under compose/restart.yml."""
+        port = free_port()
+        started = []
+        for k in range(nodes):
+            node_env = base_env(self.tmp, NUM_NODES=nodes, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                HOROVOD_PORT=free_port(), **env)
+            if nodes > 1:
+                node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
+                                NODE_ADDR=f"127.0.0.{k + 1}")
+            kind = RestartingNode if restart else Node
+            started.append(kind(node_env, args, self.tmp / f"node{k}.log", python=python))
+        self.nodes += started
+        return started
 
+    def add_node(self, job: list[Node]) -> Node:
+        """Another worker for a running job (elastic jobs take it in), on the next loopback address."""
+        k = len(job)
+        env = {**job[-1].env, "ROLE": "worker", "NODE_ADDR": f"127.0.0.{k + 1}"}
+        job.append(Node(env, job[0].args, self.tmp / f"node{k}.log", job[0].python))
+        self.nodes.append(job[-1])
+        return job[-1]
 
-def add_node(job: list[Node], tmp: Path) -> Node:
-    """Another worker for a running job (elastic jobs take it in), on the next loopback address."""
-    k = len(job)
-    env = {**job[-1].env, "ROLE": "worker", "NODE_ADDR": f"127.0.0.{k + 1}"}
-    job.append(Node(env, job[0].args, tmp / f"node{k}.log", job[0].python))
-    return job[-1]
+    def track(self, node: Node) -> Node:
+        """A node the test started by itself, stopped with the others."""
+        self.nodes.append(node)
+        return node
 
-
-def run_job(tmp: Path, nodes: int, args: list[str], timeout: float = 240, python: str = sys.executable,
+    def run(self, nodes: int, args: list[str], timeout: float = 240, python: str = sys.executable,
             **env) -> tuple[list[int], str]:
-    job = start_job(tmp, nodes, args, python, **env)
-    try:
+        """A job to its end: every node's exit code, and their output."""
+        job = self.start(nodes, args, python, **env)
         codes = [node.wait(timeout) for node in job]
-    finally:
-        for node in job:
+        return codes, "\n".join(node.output for node in job)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if isinstance(node, RestartingNode):
+                node.stop_restarting()
             if node.proc.poll() is None:
-                os.killpg(node.proc.pid, signal.SIGKILL)
-    return codes, "\n".join(node.output for node in job)
+                node.proc.send_signal(signal.SIGTERM)     # as `docker stop`: the entrypoint stops its processes
+                node.signal_tree(signal.SIGCONT)          # a node a test froze sees it too
+        deadline = time.monotonic() + self.GRACE_S
+        while time.monotonic() < deadline and any(node.proc.poll() is None for node in self.nodes):
+            time.sleep(0.1)
+        for node in self.nodes:
+            node.kill_tree()
+            try:
+                node.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def wait_for_any(job: list[Node], text: str, timeout: float) -> None:

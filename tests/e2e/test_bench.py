@@ -8,13 +8,11 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.docker_env import ensure_image
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
 
-def test_bench_smoke_prints_a_table_and_writes_plots(tmp_path):
-    image = ensure_image()
+def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(tmp_path),
                              "--image", image],
                             capture_output=True, text=True, timeout=900)

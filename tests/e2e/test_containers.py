@@ -16,31 +16,10 @@ import pytest
 from testcontainers.core.container import DockerContainer
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results
-from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, docker, ensure_image
-from tests.e2e.test_elastic_host import changes, initial_loss
+from tests.e2e.cluster import changes, initial_loss, results
+from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module")
-def image():
-    return ensure_image()
-
-
-@pytest.fixture
-def project():
-    """The tracked compose project: whatever a test starts is removed afterwards."""
-    projects = []
-
-    def make(*overrides: str, **env) -> ComposeProject:
-        p = ComposeProject(*overrides, **env)
-        projects.append(p)
-        return p
-
-    yield make
-    for p in projects:
-        p.down()
 
 
 def assert_replicas_agree(output: str, world: int) -> None:

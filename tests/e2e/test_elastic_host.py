@@ -7,40 +7,19 @@ processes with it. The container tests (test_containers.py) do the same with
 `docker kill` and `compose up --scale`.
 """
 
-import re
 import signal
 import time
 
 import pytest
 
-from tests.e2e.cluster import Node, add_node, results, start_job, wait_for, wait_for_any
+from tests.e2e.cluster import Node, changes, initial_loss, results, wait_for, wait_for_any
 
 pytestmark = pytest.mark.e2e
 
 ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3)
 LONG = ["--steps", "300", "--step-delay", "0.05", "--checkpoint-every", "1000"]
-CHANGE_RE = re.compile(r"entrypoint: membership changed: world size (\d+) -> (\d+), resumed from step (\d+)")
-ROUND_RE = re.compile(r"ROUND rank=0 world=(\d+) from_step=(\d+) loss=([\d.]+)")
-
-
-def changes(output: str) -> list[tuple[int, int, int]]:
-    return [(int(a), int(b), int(s)) for a, b, s in CHANGE_RE.findall(output)]
-
-
-def initial_loss(output: str) -> float:
-    first = [float(loss) for _, step, loss in ROUND_RE.findall(output) if step == "0"]
-    assert first, output[-3000:]
-    return first[0]
-
-
 def everything(job: list[Node]) -> str:
     return "\n".join(node.output for node in job)
-
-
-def stop(job: list[Node]) -> None:
-    for node in job:
-        if node.proc.poll() is None:
-            node.kill_tree()
 
 
 def alive(procs) -> list:
@@ -54,15 +33,12 @@ LOSES_AT_MOST = {"native": 0, "horovod": 10}          # steps lost with a node
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_elastic_job_goes_on_without_a_killed_worker(tmp_path, launcher):
-    job = start_job(tmp_path, 2, LONG, **LAUNCHERS[launcher])
+def test_elastic_job_goes_on_without_a_killed_worker(jobs, launcher):
+    job = jobs.start(2, LONG, **LAUNCHERS[launcher])
     master, worker = job
-    try:
-        wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
-        worker.kill_tree()
-        assert master.wait(240) == 0, master.output[-4000:]
-    finally:
-        stop(job)
+    wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
+    worker.kill_tree()
+    assert master.wait(240) == 0, master.output[-4000:]
     [(old, new, step)] = changes(master.output)
     assert (old, new) == (2, 1) and step >= 40 - LOSES_AT_MOST[launcher], master.output[-3000:]
     [result] = results(master.output)
@@ -72,14 +48,11 @@ def test_elastic_job_goes_on_without_a_killed_worker(tmp_path, launcher):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_elastic_job_grows_when_a_node_joins(tmp_path, launcher):
-    job = start_job(tmp_path, 2, LONG, **LAUNCHERS[launcher])
-    try:
-        wait_for_any(job, "step 40 loss", 180)
-        add_node(job, tmp_path)
-        codes = [node.wait(240) for node in job]
-    finally:
-        stop(job)
+def test_elastic_job_grows_when_a_node_joins(jobs, launcher):
+    job = jobs.start(2, LONG, **LAUNCHERS[launcher])
+    wait_for_any(job, "step 40 loss", 180)
+    jobs.add_node(job)
+    codes = [node.wait(240) for node in job]
     output = "\n".join(node.output for node in job)
     assert codes == [0, 0, 0], output[-4000:]
     [(old, new, step)] = changes(job[0].output)
@@ -91,107 +64,89 @@ def test_elastic_job_grows_when_a_node_joins(tmp_path, launcher):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_stopped_worker_leaves_and_the_elastic_job_goes_on(tmp_path, launcher):
+def test_a_stopped_worker_leaves_and_the_elastic_job_goes_on(jobs, launcher):
     """SIGTERM to a worker's entrypoint (docker stop): it leaves (143), the job goes on."""
-    job = start_job(tmp_path, 2, LONG, **LAUNCHERS[launcher])
+    job = jobs.start(2, LONG, **LAUNCHERS[launcher])
     master, worker = job
-    try:
-        wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
-        worker.proc.send_signal(signal.SIGTERM)
-        assert worker.wait(60) == 143, worker.output[-3000:]
-        assert master.wait(240) == 0, master.output[-4000:]
-    finally:
-        stop(job)
+    wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 143, worker.output[-3000:]
+    assert master.wait(240) == 0, master.output[-4000:]
     assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 1)]
     assert "node 1 left the job" in master.output
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_elastic_job_goes_on_without_a_frozen_worker(tmp_path, launcher):
+def test_elastic_job_goes_on_without_a_frozen_worker(jobs, launcher):
     """SIGSTOP: nothing answers and no connection resets, as when a host drops off the
     network. torchrun: the entrypoints restart the processes still waiting for it after
     PEER_TIMEOUT (from the last checkpoint, every 20 steps); Horovod: Gloo's timeout (30 s)."""
-    job = start_job(tmp_path, 2, LONG + ["--checkpoint-every", "20"], PEER_TIMEOUT=5, **LAUNCHERS[launcher])
+    job = jobs.start(2, LONG + ["--checkpoint-every", "20"], PEER_TIMEOUT=5, **LAUNCHERS[launcher])
     master, worker = job
-    try:
-        wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
-        worker.signal_tree(signal.SIGSTOP)
-        assert master.wait(240) == 0, master.output[-4000:]
-    finally:
-        stop(job)
+    wait_for_any(job, "step 40 loss", 180)   # global rank 0 may be on either node
+    worker.signal_tree(signal.SIGSTOP)
+    assert master.wait(240) == 0, master.output[-4000:]
     [(old, new, step)] = changes(master.output)
     assert (old, new) == (2, 1) and step >= 20, master.output[-3000:]
     [result] = results(master.output)
     assert result.world == 1 and result.after < initial_loss(everything(job))
 
 
-def test_a_killed_entrypoint_takes_its_processes_and_the_elastic_job_goes_on(tmp_path):
+def test_a_killed_entrypoint_takes_its_processes_and_the_elastic_job_goes_on(jobs):
     """Only the worker's entrypoint is killed (SIGKILL): its torchrun and training process
     must die with it, and the master must count the node as lost, not wait for it."""
-    job = start_job(tmp_path, 2, LONG, **ELASTIC)
+    job = jobs.start(2, LONG, **ELASTIC)
     master, worker = job
-    try:
-        wait_for(worker, "TRAINING", 180)
-        processes = worker.tree()
-        assert len(processes) >= 3, processes           # entrypoint, torchrun, training process (+ sentinel)
-        worker.proc.kill()
-        deadline = time.monotonic() + 10
-        while alive(processes) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
-        assert master.wait(240) == 0, master.output[-4000:]
-    finally:
-        stop(job)
+    wait_for(worker, "TRAINING", 180)
+    processes = worker.tree()
+    assert len(processes) >= 3, processes           # entrypoint, torchrun, training process (+ sentinel)
+    worker.proc.kill()
+    deadline = time.monotonic() + 10
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
+    assert master.wait(240) == 0, master.output[-4000:]
     assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 1)]
 
 
-def test_a_node_beyond_num_nodes_is_refused_and_the_job_goes_on(tmp_path):
-    job = start_job(tmp_path, 2, ["--steps", "200", "--step-delay", "0.02"])
-    try:
-        wait_for(job[0], "TRAINING", 180)
-        extra = add_node(job, tmp_path)
-        assert extra.wait(60) == 3, extra.output[-2000:]
-        assert [node.wait(120) for node in job[:2]] == [0, 0], job[0].output[-3000:]
-    finally:
-        stop(job)
+def test_a_node_beyond_num_nodes_is_refused_and_the_job_goes_on(jobs):
+    job = jobs.start(2, ["--steps", "200", "--step-delay", "0.02"])
+    wait_for(job[0], "TRAINING", 180)
+    extra = jobs.add_node(job)
+    assert extra.wait(60) == 3, extra.output[-2000:]
+    assert [node.wait(120) for node in job[:2]] == [0, 0], job[0].output[-3000:]
     assert "more nodes joined" in extra.output and "than NUM_NODES=2" in extra.output
 
 
-def test_a_killed_entrypoint_ends_a_fixed_size_job(tmp_path):
-    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.02", "--checkpoint-every", "1000000"],
+def test_a_killed_entrypoint_ends_a_fixed_size_job(jobs):
+    job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.02", "--checkpoint-every", "1000000"],
                     PEER_TIMEOUT=5)
     master, worker = job
-    try:
-        wait_for(master, "TRAINING", 180)
-        processes = worker.tree()
-        killed = time.monotonic()
-        worker.proc.kill()
-        code = master.wait(60)
-        elapsed = time.monotonic() - killed
-        time.sleep(1)
-        assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
-    finally:
-        stop(job)
+    wait_for(master, "TRAINING", 180)
+    processes = worker.tree()
+    killed = time.monotonic()
+    worker.proc.kill()
+    code = master.wait(60)
+    elapsed = time.monotonic() - killed
+    time.sleep(1)
+    assert not alive(processes), [p.cmdline()[:4] for p in alive(processes)]
     assert code != 0 and elapsed < 5 + 10, (code, elapsed, master.output[-3000:])
 
 
 @pytest.mark.parametrize("how", ["killed", "frozen"])
-def test_losing_the_master_stops_every_worker_within_peer_timeout_and_grace(tmp_path, how):
+def test_losing_the_master_stops_every_worker_within_peer_timeout_and_grace(jobs, how):
     """killed: its processes die (connections reset). frozen (SIGSTOP): nothing answers
     and nothing resets, as when its host drops off the network."""
     peer_timeout, grace = 5, 3
-    job = start_job(tmp_path, 2, LONG + ["--steps", "100000"], PEER_TIMEOUT=peer_timeout, GRACE_PERIOD=grace,
+    job = jobs.start(2, LONG + ["--steps", "100000"], PEER_TIMEOUT=peer_timeout, GRACE_PERIOD=grace,
                     **ELASTIC)
     master, worker = job
-    try:
-        wait_for(worker, "TRAINING", 180)
-        time.sleep(2)
-        lost_at = time.monotonic()
-        master.signal_tree(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        code = worker.wait(60)
-        elapsed = time.monotonic() - lost_at
-    finally:
-        stop(job)
+    wait_for(worker, "TRAINING", 180)
+    time.sleep(2)
+    lost_at = time.monotonic()
+    master.signal_tree(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    code = worker.wait(60)
+    elapsed = time.monotonic() - lost_at
     port = master.env["MASTER_PORT"]
     lines = [line for line in worker.output.splitlines() if f"lost the master at 127.0.0.1:{port}" in line]
     assert code == 1 and len(lines) == 1, worker.output[-3000:]

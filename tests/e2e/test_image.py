@@ -16,16 +16,10 @@ import pytest
 from buildsys import render, smoke
 from buildsys.matrix import load_matrix
 from tests.conftest import ROOT
-from tests.e2e.docker_env import IMAGE, VARIANT, ensure_image
+from tests.e2e.docker_env import IMAGE, VARIANT
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 MATRIX = load_matrix(ROOT / "matrix.yaml")
-
-
-@pytest.fixture(scope="module")
-def image():
-    ensure_image()
-    return docker.from_env().images.get(IMAGE)
 
 
 def layer_files(image_ref: str):
@@ -49,7 +43,7 @@ def layer_files(image_ref: str):
 
 
 def test_smoke_tests_pass_as_the_runtime_user(image):
-    results = smoke.run_smoke_tests(IMAGE, MATRIX.variants[VARIANT])
+    results = smoke.run_smoke_tests(image, MATRIX.variants[VARIANT])
     failed = [f"{r.name}: {r.detail}" for r in results if not r.ok]
     assert not failed, failed
     assert any(r.name == "horovodrun --check-build" for r in results)
@@ -77,15 +71,16 @@ def built_variant():
 
 
 def test_labels_and_manifest_match_the_matrix(image):
+    built = docker.from_env().images.get(image)
     v = built_variant()
-    labels = image.labels
+    labels = built.labels
     for key, value in render.labels(v):
         assert labels.get(key) == value, key
     assert re.match(r"\d{4}-\d\d-\d\dT", labels["org.opencontainers.image.created"])
-    out = docker.from_env().containers.run(IMAGE, entrypoint=["cat", "/etc/disttrain/manifest.json"], remove=True)
+    out = docker.from_env().containers.run(image, entrypoint=["cat", "/etc/disttrain/manifest.json"], remove=True)
     assert json.loads(out) == render.manifest(v)
-    assert image.attrs["Config"]["User"] == "1000:1000"
-    assert image.attrs["Config"]["Entrypoint"][:3] == ["tini", "-g", "--"]
+    assert built.attrs["Config"]["User"] == "1000:1000"
+    assert built.attrs["Config"]["Entrypoint"][:3] == ["tini", "-g", "--"]
 
 
 def ca_markers() -> list[bytes]:
@@ -106,7 +101,7 @@ def layer_scan(image):
     """Every file of every layer: its path, and which CA markers its bytes contain."""
     markers = ca_markers()
     paths, hits = [], []
-    for layer, path, content in layer_files(IMAGE):
+    for layer, path, content in layer_files(image):
         paths.append((layer, path))
         hits += [(layer, path) for m in markers if m in content]
     return paths, hits, markers
@@ -118,9 +113,9 @@ def test_no_build_ca_certificate_in_any_layer(image, layer_scan):
         pytest.skip("the image was built without --ca-cert (BUILD_CA_CERT): nothing to look for")
     assert len(paths) > 1000                          # the scan really read the layers
     assert not hits, f"the build CA is in the image: {hits}"
-    history = subprocess.run(["docker", "history", "--no-trunc", IMAGE], capture_output=True, text=True).stdout
+    history = subprocess.run(["docker", "history", "--no-trunc", image], capture_output=True, text=True).stdout
     assert not any(m.decode() in history for m in markers)
-    assert "ca_cert" not in json.dumps(image.attrs["Config"]["Env"])
+    assert "ca_cert" not in json.dumps(docker.from_env().images.get(image).attrs["Config"]["Env"])
 
 
 def test_no_local_wheel_and_no_compiler_in_any_layer(image, layer_scan):

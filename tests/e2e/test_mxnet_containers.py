@@ -9,7 +9,6 @@ it these tests are skipped, saying so.
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -19,32 +18,8 @@ from buildsys.matrix import load_matrix
 from entrypoint.config import MXNET_VARIANT
 from tests.conftest import ROOT
 from tests.e2e.cluster import results
-from tests.e2e.docker_env import ComposeProject, docker, ensure_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
-MXNET_IMAGE = os.environ.get("MXNET_TEST_IMAGE", f"distributed-training-framework:{MXNET_VARIANT}")
-
-
-@pytest.fixture(scope="module")
-def mxnet_image():
-    if docker("image", "inspect", MXNET_IMAGE, check=False).returncode != 0:
-        pytest.skip(f"image {MXNET_IMAGE} is not built (python build.py build {MXNET_VARIANT}; "
-                    f"MXNET_TEST_IMAGE names another)")
-    return MXNET_IMAGE
-
-
-@pytest.fixture
-def project():
-    projects = []
-
-    def make(**env) -> ComposeProject:
-        p = ComposeProject(IMAGE=MXNET_IMAGE, FRAMEWORK="mxnet", **env)
-        projects.append(p)
-        return p
-
-    yield make
-    for p in projects:
-        p.down()
 
 
 def test_smoke_tests_pass(mxnet_image):
@@ -59,7 +34,7 @@ def test_smoke_tests_pass(mxnet_image):
 
 @pytest.mark.parametrize("launcher", ["native", "horovod"])
 def test_compose_two_nodes_train_and_agree(mxnet_image, project, launcher):
-    job = project(LAUNCHER=launcher, TRAIN_ARGS="--steps 40")
+    job = project(IMAGE=mxnet_image, FRAMEWORK="mxnet", LAUNCHER=launcher, TRAIN_ARGS="--steps 40")
     run = job.compose("up", "--abort-on-container-exit", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert set(job.exit_codes().values()) == {0}, job.exit_codes()
@@ -68,8 +43,7 @@ def test_compose_two_nodes_train_and_agree(mxnet_image, project, launcher):
     assert len({r.digest for r in found}) == 1 and all(r.after < 0.5 * r.before for r in found), found
 
 
-def test_an_image_without_mxnet_names_the_variant_that_has_it():
-    image = ensure_image()
+def test_an_image_without_mxnet_names_the_variant_that_has_it(image):
     if MXNET_VARIANT in image.rsplit(":", 1)[-1]:
         pytest.skip(f"TEST_IMAGE {image} is the MXNet variant")
     run = subprocess.run(["docker", "run", "--rm", "-e", "FRAMEWORK=mxnet", image], capture_output=True,

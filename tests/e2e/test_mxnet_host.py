@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results, run_job, start_job, wait_for
+from tests.e2e.cluster import results, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,8 +42,8 @@ def check_trained(output: str, world: int, agree: bool = True):
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
 @pytest.mark.parametrize("sync", ["sync", "async"])
-def test_parameter_servers_train(tmp_path, sync, nodes, nproc):
-    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
+def test_parameter_servers_train(jobs, sync, nodes, nproc):
+    codes, output = jobs.run(nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
                             SYNC_MODE=sync, NPROC_PER_NODE=nproc)
     assert codes == [0] * nodes, output[-4000:]
     found = check_trained(output, nodes * nproc, agree=sync == "sync")
@@ -54,8 +54,8 @@ def test_parameter_servers_train(tmp_path, sync, nodes, nproc):
 
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
-def test_horovod_trains(tmp_path, nodes, nproc):
-    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
+def test_horovod_trains(jobs, nodes, nproc):
+    codes, output = jobs.run(nodes, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet",
                             LAUNCHER="horovod", NPROC_PER_NODE=nproc)
     assert codes == [0] * nodes, output[-4000:]
     found = check_trained(output, nodes * nproc)
@@ -64,8 +64,8 @@ def test_horovod_trains(tmp_path, nodes, nproc):
 
 
 @pytest.mark.parametrize("launcher", ["native", "horovod"])
-def test_killed_worker_ends_every_process_within_30s(tmp_path, launcher):
-    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
+def test_killed_worker_ends_every_process_within_30s(jobs, launcher):
+    job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
                     python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher)
     master, worker = job
     wait_for(master, "TRAINING", 120)

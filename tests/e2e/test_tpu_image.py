@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -20,29 +19,18 @@ from tests.e2e.docker_env import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
-TPU_IMAGE = os.environ.get("TPU_TEST_IMAGE", "distributed-training-framework:tpu")
-
-
-@pytest.fixture(scope="module")
-def image():
-    if subprocess.run(["docker", "image", "inspect", TPU_IMAGE], capture_output=True).returncode != 0:
-        pytest.skip(f"{TPU_IMAGE} is not built (CI's test job builds only cpu): python build.py build tpu, "
-                    f"or set TPU_TEST_IMAGE")
-    return TPU_IMAGE
-
-
 def run(image: str, *args: str, env: dict | None = None, volumes: tuple = (), timeout: float = 600):
     flags = [f for k, v in (env or {}).items() for f in ("-e", f"{k}={v}")]
     flags += [f for v in volumes for f in ("-v", v)]
     return docker("run", "--rm", "--shm-size=1g", *flags, image, *args, check=False, timeout=timeout)
 
 
-def test_xla_training_through_the_entrypoint_learns_and_resumes(image, tmp_path):
+def test_xla_training_through_the_entrypoint_learns_and_resumes(tpu_image, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     os.chmod(checkpoints, 0o777)                      # the image runs as uid 1000
     mounts = (f"{ROOT / 'examples'}:/app/code:ro", f"{checkpoints}:/app/checkpoints")
-    first = run(image, "--steps", "40", env={"PJRT_DEVICE": "CPU"}, volumes=mounts)
+    first = run(tpu_image, "--steps", "40", env={"PJRT_DEVICE": "CPU"}, volumes=mounts)
     output = first.stdout + first.stderr
     assert first.returncode == 0, output[-4000:]
     assert "preflight: accelerator cpu, PJRT_DEVICE=CPU" in output
@@ -52,7 +40,7 @@ def test_xla_training_through_the_entrypoint_learns_and_resumes(image, tmp_path)
     assert result.after < 0.5 * result.before, result
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000020.pt", "ckpt-00000040.pt"]
 
-    again = run(image, "--steps", "50", env={"PJRT_DEVICE": "CPU"}, volumes=mounts)
+    again = run(tpu_image, "--steps", "50", env={"PJRT_DEVICE": "CPU"}, volumes=mounts)
     output = again.stdout + again.stderr
     assert again.returncode == 0 and "RESUMED rank=0 step=40" in output, output[-4000:]
     [resumed] = results(output)
@@ -64,8 +52,8 @@ def test_xla_training_through_the_entrypoint_learns_and_resumes(image, tmp_path)
     ({"PJRT_DEVICE": "CPU", "NPROC_PER_NODE": "2"}, "PJRT_DEVICE='CPU': XLA's CPU client serves one process"),
     ({"PJRT_DEVICE": "TPU"}, "PJRT_DEVICE='TPU': no usable TPU here"),
 ])
-def test_what_this_host_cannot_run_is_one_line_and_exit_2(image, env, message):
-    done = run(image, env=env, timeout=120)
+def test_what_this_host_cannot_run_is_one_line_and_exit_2(tpu_image, env, message):
+    done = run(tpu_image, env=env, timeout=120)
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.strip().splitlines() == [f"entrypoint: {done.stderr.strip().removeprefix('entrypoint: ')}"]
     assert message in done.stderr
@@ -80,11 +68,11 @@ __import__("sys").stdout.write(f"PROBE rank={__import__('os').environ['RANK']} x
 """
 
 
-def test_xla_cpu_client_cannot_span_two_processes(image):
+def test_xla_cpu_client_cannot_span_two_processes(tpu_image):
     """Why PJRT_DEVICE=CPU is refused for more than one process: under torchrun each process
     gets its own one-device CPU client, so xla:// gives world 1 and allreduce sums nothing.
     If a torch-xla release lifts this, this test fails and the refusal can go."""
-    done = docker("run", "--rm", "--entrypoint", "sh", "-e", "PJRT_DEVICE=CPU", image, "-c",
+    done = docker("run", "--rm", "--entrypoint", "sh", "-e", "PJRT_DEVICE=CPU", tpu_image, "-c",
                   f"cat > /tmp/probe.py <<'EOF'\n{PROBE}\nEOF\ntorchrun --standalone --nproc-per-node=2 /tmp/probe.py",
                   check=False, timeout=300)
     output = done.stdout + done.stderr

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import Node, results, run_job, start_job, wait_for
+from tests.e2e.cluster import Node, results, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -32,8 +32,8 @@ def check_trained(output: str, world: int):
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])
 @pytest.mark.parametrize("framework, launcher", PATHS, ids=[f"{f}-{l}" for f, l in PATHS])
-def test_training_converges_and_replicas_agree(tmp_path, framework, launcher, nodes, nproc):
-    codes, output = run_job(tmp_path, nodes, ["--steps", "40"], FRAMEWORK=framework, LAUNCHER=launcher,
+def test_training_converges_and_replicas_agree(jobs, framework, launcher, nodes, nproc):
+    codes, output = jobs.run(nodes, ["--steps", "40"], FRAMEWORK=framework, LAUNCHER=launcher,
                             NPROC_PER_NODE=nproc)
     assert codes == [0] * nodes, output[-4000:]
     check_trained(output, nodes * nproc)
@@ -45,13 +45,13 @@ def shard_lines(output: str, kind: str, step: int) -> dict[int, tuple[str, str]]
     return {int(rank): (shard, full) for rank, shard, full in found}
 
 
-def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(tmp_path):
+def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(jobs, tmp_path):
     """A (dp 2 x tp 2) mesh on 4 processes: every rank saves its own shards (DCP); a rerun
     resumes from step 20 with the saved shards and ends where the uninterrupted run did;
     the step-20 checkpoint also loads at another world size and TP_SIZE."""
     hybrid = dict(PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4)
     args = ["--steps", "40", "--checkpoint-every", "20"]
-    codes, output = run_job(tmp_path, 1, args, **hybrid)
+    codes, output = jobs.run(1, args, **hybrid)
     assert codes == [0], output[-4000:]
     found = results(output)
     assert len(found) == 4
@@ -70,13 +70,13 @@ def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(tmp_path):
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000020.dcp", "ckpt-00000040.dcp"]
     shutil.copytree(checkpoints / "ckpt-00000020.dcp", tmp_path / "resharded" / "ckpt-00000020.dcp")
     shutil.rmtree(checkpoints / "ckpt-00000040.dcp")          # as if the job had died after step 20
-    codes, output = run_job(tmp_path, 1, args, **hybrid)
+    codes, output = jobs.run(1, args, **hybrid)
     assert codes == [0], output[-4000:]
     assert shard_lines(output, "RESUMED", 20) == saved, output[-3000:]        # every shard as saved
     assert {r.rank: r.digest for r in results(output)} == uninterrupted        # and the same end
 
     # World size 4 (tp 2) -> 1 (tp 1): DCP reshards the tp shards into whole tensors.
-    codes, output = run_job(tmp_path, 1, args, CHECKPOINT_DIR=tmp_path / "resharded",
+    codes, output = jobs.run(1, args, CHECKPOINT_DIR=tmp_path / "resharded",
                             PARALLEL_MODE="model_parallel", NPROC_PER_NODE=1)
     assert codes == [0], output[-4000:]
     full_at_20 = next(iter(saved.values()))[1]
@@ -85,29 +85,29 @@ def test_hybrid_2x2_mesh_saves_shards_resumes_exactly_and_reshards(tmp_path):
     assert alone.world == 1 and alone.after < alone.before
 
 
-def test_pytorch_async_local_sgd(tmp_path):
-    codes, output = run_job(tmp_path, 2, ["--steps", "40"], SYNC_MODE="async", SYNC_PERIOD=4)
+def test_pytorch_async_local_sgd(jobs):
+    codes, output = jobs.run(2, ["--steps", "40"], SYNC_MODE="async", SYNC_PERIOD=4)
     assert codes == [0, 0], output[-4000:]
     found = check_trained(output, 2)
     assert all("sync=async" in r.extra for r in found)
 
 
-def test_tensorflow_async_parameter_servers(tmp_path):
-    codes, output = run_job(tmp_path, 2, ["--steps", "40"], FRAMEWORK="tensorflow", SYNC_MODE="async")
+def test_tensorflow_async_parameter_servers(jobs):
+    codes, output = jobs.run(2, ["--steps", "40"], FRAMEWORK="tensorflow", SYNC_MODE="async")
     assert codes == [0, 0], output[-4000:]
     [chief] = results(output)
     assert chief.framework == "tensorflow-ps" and chief.world == 2 and chief.after < 0.5 * chief.before
     assert "serving ps 0" in output and "serving worker 1" in output
 
 
-def test_mpi_launcher_single_node(tmp_path):
-    codes, output = run_job(tmp_path, 1, ["--steps", "40"], LAUNCHER="mpi", NPROC_PER_NODE=2)
+def test_mpi_launcher_single_node(jobs):
+    codes, output = jobs.run(1, ["--steps", "40"], LAUNCHER="mpi", NPROC_PER_NODE=2)
     assert codes == [0], output[-4000:]
     check_trained(output, 2)
 
 
-def test_ranks_are_assigned_at_rendezvous_without_node_rank(tmp_path):
-    codes, output = run_job(tmp_path, 3, ["--steps", "20"], LAUNCHER="horovod")
+def test_ranks_are_assigned_at_rendezvous_without_node_rank(jobs):
+    codes, output = jobs.run(3, ["--steps", "20"], LAUNCHER="horovod")
     assert codes == [0, 0, 0], output[-4000:]
     assert {"node 1 of 3", "node 2 of 3"} <= {line.split(": ", 1)[1][:11] for line in output.splitlines()
                                                if line.startswith("entrypoint: node ")}
@@ -115,8 +115,8 @@ def test_ranks_are_assigned_at_rendezvous_without_node_rank(tmp_path):
 
 
 @pytest.mark.parametrize("framework, launcher", PATHS, ids=[f"{f}-{l}" for f, l in PATHS])
-def test_killed_worker_ends_every_process_within_30s(tmp_path, framework, launcher):
-    job = start_job(tmp_path, 2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
+def test_killed_worker_ends_every_process_within_30s(jobs, framework, launcher):
+    job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
                     FRAMEWORK=framework, LAUNCHER=launcher)
     master, worker = job
     wait_for(master, "TRAINING", 120)
@@ -128,8 +128,8 @@ def test_killed_worker_ends_every_process_within_30s(tmp_path, framework, launch
     assert time.monotonic() - killed_at < 30, master.output[-3000:]
 
 
-def test_sigterm_stops_the_node_within_the_grace_period(tmp_path):
-    [node] = start_job(tmp_path, 1, ["--steps", "100000", "--step-delay", "0.01"], NPROC_PER_NODE=2,
+def test_sigterm_stops_the_node_within_the_grace_period(jobs):
+    [node] = jobs.start(1, ["--steps", "100000", "--step-delay", "0.01"], NPROC_PER_NODE=2,
                        GRACE_PERIOD=5)
     wait_for(node, "TRAINING", 120)
     sent = time.monotonic()
@@ -139,8 +139,8 @@ def test_sigterm_stops_the_node_within_the_grace_period(tmp_path):
     assert "SIGTERM received" in node.output
 
 
-def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(tmp_path):
-    job = start_job(tmp_path, 2, [], RDZV_TIMEOUT=6)
+def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(jobs):
+    job = jobs.start(2, [], RDZV_TIMEOUT=6)
     worker = job[1]
     job[0].kill_tree()                                  # the master never comes up
     started = time.monotonic()
@@ -150,10 +150,10 @@ def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(tmp_path)
     assert "127.0.0.1:" in worker.output and "RDZV_TIMEOUT=6s" in worker.output
 
 
-def test_a_rank_crashing_at_exit_never_strands_its_peer(tmp_path):
+def test_a_rank_crashing_at_exit_never_strands_its_peer(jobs):
     """The job store sees the crashed node and stops the other at once: no 300 s wait."""
     started = time.monotonic()
-    codes, output = run_job(tmp_path, 2, [], timeout=120, ENTRYPOINT=str(ROOT / "tests/e2e/crash_at_exit.py"))
+    codes, output = jobs.run(2, [], timeout=120, ENTRYPOINT=str(ROOT / "tests/e2e/crash_at_exit.py"))
     elapsed = time.monotonic() - started
     assert output.count("ALLREDUCED") == 2, output[-3000:]
     assert codes[1] != 0 and codes[0] != 0, codes
@@ -164,20 +164,16 @@ def resumed_steps(output: str) -> dict[int, int]:
     return {int(rank): int(step) for rank, step in re.findall(r"RESUMED rank=(\d+) step=(\d+)", output)}
 
 
-def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backup(tmp_path):
+def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backup(jobs):
     """compose/restart.yml on loopback: the worker node dies mid-training, the master's
     processes fail, both nodes are started again (exit != 0), and the job continues from
     the last backup (Keras BackupAndRestore, written by rank 0), not from step 0."""
-    job = start_job(tmp_path, 2, ["--steps", "150", "--step-delay", "0.04", "--checkpoint-every", "20"],
+    job = jobs.start(2, ["--steps", "150", "--step-delay", "0.04", "--checkpoint-every", "20"],
                     restart=True, FRAMEWORK="keras", LAUNCHER="horovod")
     master, worker = job
-    try:
-        wait_for(master, "step 60 ", 180)
-        worker.kill_tree()
-        codes = [node.wait(240) for node in job]
-    finally:
-        for node in job:
-            node.stop()
+    wait_for(master, "step 60 ", 180)
+    worker.kill_tree()
+    codes = [node.wait(240) for node in job]
     output = master.output + worker.output
     assert codes == [0, 0] and master.codes[0] != 0 and worker.codes[0] == -9, \
         (master.codes, worker.codes, output[-4000:])
@@ -188,27 +184,20 @@ def test_killed_keras_horovod_worker_restarted_on_failure_resumes_from_the_backu
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
-def test_restarted_worker_arriving_while_its_job_still_runs_joins_the_next_start(tmp_path, framework):
+def test_restarted_worker_arriving_while_its_job_still_runs_joins_the_next_start(jobs, tmp_path, framework):
     """The race compose's restart policy creates: the dead worker's replacement reaches
     the master before the master has noticed the loss (the old worker is frozen here: no
     heartbeat, no connection reset). It waits (no exit 3, no wasted restart), the master
     fails and is restarted, and the job resumes from its last checkpoint (PyTorch) or Keras
     backup (TensorFlow)."""
     args = ["--steps", "300", "--step-delay", "0.04", "--checkpoint-every", "20"]
-    master, worker = start_job(tmp_path, 2, args, restart=True, FRAMEWORK=framework, PEER_TIMEOUT=30)
-    replacement = None
-    try:
-        wait_for(master, "step 60 ", 240)
-        worker.signal_tree(signal.SIGSTOP)
-        replacement = Node(worker.env, args, tmp_path / "replacement.log")
-        wait_for(replacement, "is ending", 60)
-        worker.stop()
-        assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
-    finally:
-        master.stop()
-        worker.stop()
-        if replacement:
-            replacement.kill_tree()
+    master, worker = jobs.start(2, args, restart=True, FRAMEWORK=framework, PEER_TIMEOUT=30)
+    wait_for(master, "step 60 ", 240)
+    worker.signal_tree(signal.SIGSTOP)
+    replacement = jobs.track(Node(worker.env, args, tmp_path / "replacement.log"))
+    wait_for(replacement, "is ending", 60)
+    worker.stop()
+    assert replacement.wait(240) == 0 and master.wait(60) == 0, replacement.output[-4000:]
     assert master.codes[0] == 1 and len(master.codes) == 2, master.codes
     output = master.output + replacement.output
     resumed = resumed_steps(output)

@@ -1,0 +1,69 @@
+"""What the end-to-end tests share, as fixtures that own what they start (as
+jupyter/docker-stacks' conftest does): the images under test, compose projects, and jobs
+of entrypoint processes on loopback. Whatever a test starts is stopped and removed when it
+ends, passed or failed.
+
+    image        TEST_IMAGE (default distributed-training-framework:cpu), built if missing
+    mxnet_image  MXNET_TEST_IMAGE (the cpu-mxnet variant); skips, saying how to build it, without it
+    tpu_image    TPU_TEST_IMAGE (the tpu variant); likewise
+    project      compose projects on compose/two-node.yml (+ overrides), removed (volumes too)
+    jobs         nodes of jobs on this machine (cluster.Jobs): stopped, then killed, then waited for
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from entrypoint.config import MXNET_VARIANT
+from tests.e2e.cluster import Jobs
+from tests.e2e.docker_env import ComposeProject, docker, ensure_image
+
+MXNET_IMAGE = os.environ.get("MXNET_TEST_IMAGE", f"distributed-training-framework:{MXNET_VARIANT}")
+TPU_IMAGE = os.environ.get("TPU_TEST_IMAGE", "distributed-training-framework:tpu")
+
+
+def built_or_skip(image: str, how: str) -> str:
+    if docker("image", "inspect", image, check=False).returncode != 0:
+        pytest.skip(f"image {image} is not built ({how})")
+    return image
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The image under test, by reference."""
+    return ensure_image()
+
+
+@pytest.fixture(scope="session")
+def mxnet_image() -> str:
+    return built_or_skip(MXNET_IMAGE, f"python build.py build {MXNET_VARIANT}; MXNET_TEST_IMAGE names another")
+
+
+@pytest.fixture(scope="session")
+def tpu_image() -> str:
+    return built_or_skip(TPU_IMAGE, "CI's test job builds only cpu: python build.py build tpu, or set TPU_TEST_IMAGE")
+
+
+@pytest.fixture
+def project():
+    """Make compose projects: `project(*overrides, **env)`; every one is taken down afterwards."""
+    made: list[ComposeProject] = []
+
+    def make(*overrides: str, **env) -> ComposeProject:
+        p = ComposeProject(*overrides, **env)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.down()
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """Start jobs on loopback: `jobs.start(nodes, args, **env)`, `jobs.run(...)`, `jobs.add_node(job)`."""
+    tracked = Jobs(tmp_path)
+    yield tracked
+    tracked.close()
