@@ -24,7 +24,7 @@ MXNET_WHEELS  := .wheels/$(MXNET_VARIANT)
 .PHONY: demo test test-tpu test-mxnet venv image frameworks mxnet-venv clean
 
 venv: $(VENV)/.dev
-$(VENV)/.dev: requirements-dev.txt
+$(VENV)/.dev: requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@

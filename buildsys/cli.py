@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""Build the distributed-training image matrix.
+"""Build the distributed-training image matrix: the command line (`python build.py`, or
+`disttrain-build` once the project is installed with pip).
 
     python build.py list                       every variant, its tags and versions
     python build.py render [VARIANT...]        Dockerfile + build context per variant
@@ -8,6 +8,8 @@
     python build.py ci-matrix                  JSON job matrix for CI
 
 A thin CLI: the work is in buildsys/ (matrix, compat, render, tags, docker_build, smoke, ci).
+It works on a checkout of the project (matrix.yaml, images/, the code the images carry):
+the one it is installed from (`pip install -e .`), else the current folder.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from pathlib import Path
 
 from buildsys import ci, compat, docker_build, render, smoke
 from buildsys.matrix import MatrixError, load_matrix
+from buildsys.render import REPO_ROOT as ROOT
 from buildsys.tags import tags as variant_tags
-
-ROOT = Path(__file__).resolve().parent
 
 
 def env_default(name: str, default=None):
@@ -32,7 +33,7 @@ def env_default(name: str, default=None):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="build.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or "build.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--matrix", default=env_default("BUILD_MATRIX", str(ROOT / "matrix.yaml")),
                    help="matrix file (env BUILD_MATRIX; default: matrix.yaml)")
@@ -192,6 +193,10 @@ def cmd_test(matrix, version, args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     version = render.PROJECT_VERSION
+    if not (ROOT / "images" / "Dockerfile.j2").is_file():
+        print(f"{parser().prog}: no checkout of the project here ({Path.cwd()} has no images/Dockerfile.j2); "
+              f"run it in one", file=sys.stderr)
+        return 2
     try:
         matrix = load_matrix(args.matrix)
         if args.command == "list":

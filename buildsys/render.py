@@ -17,9 +17,22 @@ import jinja2
 from . import compat
 from .matrix import Variant
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_root() -> Path:
+    """The checkout the build works on (matrix.yaml, images/, the code the images carry):
+    the one this package lives in (a clone, or `pip install -e .`), else the current
+    folder (after a plain `pip install .`)."""
+    here = Path(__file__).resolve().parent.parent
+    for root in (here, Path.cwd()):
+        if (root / "images" / "Dockerfile.j2").is_file():
+            return root
+    return here
+
+
+REPO_ROOT = project_root()
 LABEL_PREFIX = "io.disttrain"
-PROJECT_VERSION = (REPO_ROOT / "VERSION").read_text().strip()
+PROJECT_VERSION = (REPO_ROOT / "VERSION").read_text().strip() if (REPO_ROOT / "VERSION").is_file() else "0+unknown"
 
 # Code copied into the image under /opt/disttrain (entrypoint, in-image API, examples).
 APP_DIRS = ("entrypoint", "disttrain", "examples")
