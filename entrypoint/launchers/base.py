@@ -32,8 +32,10 @@ from ..jobstore import JobStore
 from ..log import Log
 from ..placement import NodeInfo, Placement
 from ..processes import ProcessSpec, script_argv
+from ..reaper import new_token
 from ..signals import Signals
 from ..supervision import Runner
+from ..supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class Launcher:
         if self.mode != "distributed":
             return None
         master = c.role == "master"
-        return Rendezvous(endpoint=f"{c.master_addr}:{c.master_port}", serve_store=master, exchange=self.exchange,
+        return Rendezvous(endpoint=self.endpoint, serve_store=master, exchange=self.exchange,
                           horovod_server=self.serves and master, timeout=c.rdzv_timeout)
 
     def ports_needed(self, master: bool) -> int:
@@ -112,9 +114,6 @@ class Launcher:
     def runner(self, plan, job, base_env: dict[str, str], log: Log,
                signals: Signals) -> Runner:
         """A Supervisor over the planned processes (the common case)."""
-        from ..reaper import new_token
-        from ..supervisor import Supervisor
-
         processes = self.processes(plan, job.placement)
         log.say(f"starting {len(processes)} process(es): {self.describe()}")
         token = new_token()

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..processes import ProcessSpec, iface_env, rank_env, tagged
-from .base import Launcher
+from .base import Launcher, Rendezvous
+from .horovod_server import HorovodRendezvous
 from .mpi import Mpirun
 
 # Horovod's MPI controller on one CPU node, unless the user sets them (README, Benchmarks):
@@ -73,7 +74,6 @@ class HorovodGloo(Launcher):
     def rendezvous(self):
         r = super().rendezvous()
         if r is None:          # one node: Horovod's rendezvous on 127.0.0.1, no job store
-            from .base import Rendezvous
             return Rendezvous("127.0.0.1:0", serve_store=False, exchange=False, horovod_server=True,
                               timeout=self.config.rdzv_timeout)
         return r
@@ -85,8 +85,6 @@ class HorovodGloo(Launcher):
         return f"Horovod gloo workers, no SSH ({where})"
 
     def serve(self, plan, nodes, store, log):
-        from .horovod_server import HorovodRendezvous
-
         if self.mode == "distributed":
             return HorovodRendezvous.serving(horovod_slots(nodes), self.config.horovod_port)
         return HorovodRendezvous.serving(horovod_slots(nodes), 0, "127.0.0.1")

@@ -16,6 +16,7 @@ from .horovod import node_env
 class HorovodElastic(Launcher):
     """hvd.elastic: workers are started on demand by Horovod's ElasticDriver on the master."""
     serves = False             # its driver serves its own rendezvous; the nodes exchange nothing
+    transport = "Horovod over Gloo"
 
     def describe(self) -> str:
         c = self.config

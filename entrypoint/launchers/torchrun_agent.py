@@ -240,8 +240,6 @@ class TorchrunAgent(Torchrun):
         return ["(torch's elastic agent runs inside the entrypoint, configured by this torchrun command line)"]
 
     def runner(self, plan, job, base_env, log, signals):
-        from ..reaper import new_token
-
         launch = self.launch(plan, job.placement)
         log.say(f"starting torch's elastic agent in this process: {self.describe()}")
         token = new_token()

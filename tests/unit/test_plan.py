@@ -346,3 +346,34 @@ def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
     assert not in_process(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m", FRAMEWORK="tensorflow"))
     text = explain(p := plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), plan_processes(p, assumed_placement(p)), {})
     assert "agent runs inside the entrypoint" in text and "torch.distributed.run" in text
+
+
+@pytest.mark.parametrize("env, image, kind", [
+    (dict(NPROC_PER_NODE=2), Image(FW, LA), "Torchrun"),
+    (dict(NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA), "TorchrunAgent"),
+    (dict(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m"), Image(FW, LA), "TorchrunAgent"),
+    (dict(LAUNCHER="horovod", NPROC_PER_NODE=2), Image(FW, LA), "HorovodMpi"),
+    (dict(LAUNCHER="horovod", NPROC_PER_NODE=2), Image(FW, ["native", "horovod"]), "HorovodGloo"),
+    (dict(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m"), Image(FW, LA), "HorovodGloo"),
+    (dict(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA),
+     "HorovodElastic"),
+    (dict(LAUNCHER="mpi", NPROC_PER_NODE=2), Image(FW, LA), "Mpirun"),
+    (dict(FRAMEWORK="keras"), Image(FW, LA), "TfConfig"),
+    (dict(FRAMEWORK="mxnet", NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA), "MxnetPs"),
+    (dict(OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, MASTER_ADDR="m"), Image(FW, LA), "Direct"),
+])
+def test_one_function_chooses_one_launcher_class(env, image, kind):
+    """launchers.choose is the only place that decides; each configuration gets one class."""
+    assert type(plan(image=image, **env).launcher).__name__ == kind
+
+
+def test_the_address_a_node_publishes():
+    from entrypoint.hardware import choose_address
+
+    names = {"m": "10.0.0.1", "me.local": "10.0.0.7"}
+    pick = dict(master_addr="m", source_ip="10.0.0.2", resolve=names.get)
+    assert choose_address(master=True, node_addr=None, numeric=False, **pick) == "m"      # the name workers use
+    assert choose_address(master=False, node_addr=None, numeric=False, **pick) == "10.0.0.2"   # routes to the master
+    assert choose_address(master=False, node_addr="me.local", numeric=False, **pick) == "me.local"
+    assert choose_address(master=True, node_addr=None, numeric=True, **pick) == "10.0.0.2"    # ps-lite binds an IP
+    assert choose_address(master=False, node_addr="me.local", numeric=True, **pick) == "10.0.0.7"

@@ -11,6 +11,7 @@ import time
 from entrypoint.log import Log
 from entrypoint.outcome import NodeState, Outcome
 from entrypoint.processes import ProcessSpec
+from entrypoint.signals import Signals
 from entrypoint.supervisor import Supervisor
 
 PY = sys.executable
@@ -196,3 +197,61 @@ Supervisor([spec], dict(os.environ), 5.0, Log()).run()
 def _children_of(pid: int) -> list[int]:
     import psutil
     return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
+class Scripted:
+    """A Supervised whose verdicts are a script: None until `after` polls, then `outcome`."""
+
+    def __init__(self, outcome, after: int):
+        self.outcome, self.after, self.polls = outcome, after, 0
+
+    def poll(self):
+        self.polls += 1
+        return self.outcome if self.polls > self.after else None
+
+    def what(self) -> str:
+        return "scripted"
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(0.001)
+
+
+class CountingWatch:
+    def __init__(self, verdict=None):
+        self.checks, self.verdict = 0, verdict
+
+    def check(self):
+        self.checks += 1
+        return self.verdict
+
+    def stopping(self, signum):
+        return Outcome.stopped(signum)
+
+
+def test_one_loop_asks_the_runner_every_poll_and_the_watch_once_a_second():
+    from entrypoint.supervision import supervise
+
+    runner, watch = Scripted(Outcome.succeeded(), after=50), CountingWatch()
+    assert supervise(runner, watch, Signals(), Log(io.StringIO())).state is NodeState.SUCCEEDED
+    assert runner.polls == 51 and watch.checks == 1            # 50 polls of 1 ms: one watch check
+
+
+def test_a_signal_comes_first_and_the_watch_is_told():
+    import signal as signals_module
+
+    from entrypoint.supervision import supervise
+
+    got = Signals()
+    got.received = signals_module.SIGTERM
+    out = io.StringIO()
+    outcome = supervise(Scripted(Outcome.failed("never seen"), after=0), CountingWatch(), got, Log(out))
+    assert outcome.state is NodeState.STOPPED and outcome.code == 143
+    assert "SIGTERM received: stopping scripted" in out.getvalue()
+
+
+def test_the_watch_verdict_stops_a_runner_that_goes_on():
+    from entrypoint.supervision import supervise
+
+    out = io.StringIO()
+    outcome = supervise(Scripted(None, after=0), CountingWatch(Outcome.lost("lost the master")), Signals(), Log(out))
+    assert outcome.state is NodeState.LOST and "stopping: lost the master" in out.getvalue()
