@@ -41,8 +41,9 @@ def child_env(**extra) -> dict[str, str]:
 
 def base_env(**extra) -> dict[str, str]:
     """A benchmark's process: unbuffered output, quiet TensorFlow, scratch folders."""
-    return child_env(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CHECKPOINT_DIR="/tmp/disttrain-bench-ckpt",
-                     DATA_DIR="/tmp/disttrain-bench-data", **extra)
+    defaults = dict(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CHECKPOINT_DIR="/tmp/disttrain-bench-ckpt",
+                    DATA_DIR="/tmp/disttrain-bench-data")
+    return child_env(**{**defaults, **extra})
 
 
 def entrypoint(*args: str) -> list[str]:

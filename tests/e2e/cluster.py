@@ -144,8 +144,9 @@ class RestartingNode(Node):
 def base_env(tmp: Path, **env) -> dict[str, str]:
     """A node's environment: the machine's basics (bench.procs.child_env), this checkout's
     example script, and the test's own folders."""
-    return child_env(ENTRYPOINT=str(ROOT / "examples" / "train.py"), CHECKPOINT_DIR=str(tmp / "checkpoints"),
-                     DATA_DIR=str(tmp / "data"), RDZV_TIMEOUT="90", GRACE_PERIOD="5", **env)
+    defaults = dict(ENTRYPOINT=str(ROOT / "examples" / "train.py"), CHECKPOINT_DIR=str(tmp / "checkpoints"),
+                    DATA_DIR=str(tmp / "data"), RDZV_TIMEOUT="90", GRACE_PERIOD="5")
+    return child_env(**{**defaults, **env})
 
 
 class Jobs:
