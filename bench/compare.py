@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Before and after, in one session: the same benchmark sections for this checkout and
+another (a clone of the commit before a change), taking turns run by run, so that a load
+change on the machine hits both alike.
+
+    python bench/compare.py --against ../before --only launch --only rendezvous --repeats 5
+
+Each round runs `bench/run.py --repeats 1` in each checkout, one after the other (each
+checkout's own benchmark code and entrypoint, the same Python); every row's figure is the
+median over the rounds. Prints a Markdown table (before, after, after/before) and writes
+compare.json and compare.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# section -> (the fields that name a row, the figures compared)
+ROWS = {"launch": (("nproc", "name"), ("seconds",)),
+        "rendezvous": (("path", "nodes"), ("seconds", "wall", "cpu"))}
+
+
+def run_once(tree: Path, sections: list[str], out: Path) -> dict:
+    cmd = [sys.executable, str(tree / "bench" / "run.py"), "--repeats", "1", "--out", str(out)]
+    cmd += [arg for s in sections for arg in ("--only", s)]
+    subprocess.run(cmd, cwd=tree, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+    return json.loads((out / "results.json").read_text())
+
+
+def medians(results: list[dict], section: str) -> dict[tuple, dict[str, float]]:
+    keys, figures = ROWS[section]
+    found: dict[tuple, dict[str, list[float]]] = {}
+    for result in results:
+        for row in result.get(section, []):
+            name = tuple(row[k] for k in keys)
+            for figure in figures:
+                if row.get(figure) == row.get(figure):          # not NaN: the run worked
+                    found.setdefault(name, {}).setdefault(figure, []).append(row[figure])
+    return {name: {f: statistics.median(v) for f, v in figs.items()} for name, figs in found.items()}
+
+
+def table(before: dict, after: dict, sections: list[str]) -> tuple[str, list[tuple[str, float]]]:
+    lines, ratios = [], []
+    for section in sections:
+        keys, figures = ROWS[section]
+        lines += [f"### {section}", "", "| row | figure | before | after | after/before |", "|---|---|---|---|---|"]
+        for name, figs in before[section].items():
+            for figure in figures:
+                b, a = figs.get(figure), after[section].get(name, {}).get(figure)
+                if b is None or a is None:
+                    lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b} | {a} | failed |")
+                    continue
+                ratios.append((f"{section}: {' / '.join(map(str, name))} ({figure})", a / b))
+                lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b:.3f} | {a:.3f} | {a / b:.3f}× |")
+        lines.append("")
+    return "\n".join(lines), ratios
+
+
+def plot(ratios: list[tuple[str, float]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(ratios) + 1.5))
+    ax.barh([name for name, _ in ratios], [r for _, r in ratios])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(1.05, color="red", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("after / before (median over rounds)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--against", required=True, type=Path, help="the other checkout (the 'before')")
+    p.add_argument("--only", choices=sorted(ROWS), action="append", help="sections (default: launch, rendezvous)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "compare")
+    args = p.parse_args()
+    sections = args.only or list(ROWS)
+    trees = {"before": args.against.resolve(), "after": ROOT}
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for i in range(args.repeats):
+        for label, tree in trees.items():             # taking turns, round by round
+            print(f"== round {i + 1}/{args.repeats}: {label} ({tree})", file=sys.stderr, flush=True)
+            runs[label].append(run_once(tree, sections, args.out / label / str(i)))
+    before = {s: medians(runs["before"], s) for s in sections}
+    after = {s: medians(runs["after"], s) for s in sections}
+    text, ratios = table(before, after, sections)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compare.json").write_text(json.dumps({"rounds": args.repeats, "ratios": ratios}, indent=2))
+    plot(ratios, args.out / "compare.png")
+    print(f"Medians of {args.repeats} rounds, before and after taking turns.\n\n{text}")
+    print(f"wrote {args.out / 'compare.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
