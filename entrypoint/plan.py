@@ -24,7 +24,7 @@ from .hardware import Hardware
 from .launchers import Launcher, Rendezvous, choose
 from .manifest import Image
 from .placement import Placement, job_prefix
-from .processes import ProcessSpec, iface_env, script_argv
+from .processes import ProcessSpec, iface_env
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,6 @@ class NodePlan:
     def starts(self) -> str:
         """What starts the workers and how they meet, in words."""
         return self.launcher.describe()
-
-    def script(self) -> tuple[str, ...]:
-        return script_argv(self.config.entrypoint, self.config.script_args, self.python)
 
 
 # --------------------------------------------------------------------------- step 1
