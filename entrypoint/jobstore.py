@@ -205,10 +205,13 @@ class JobStore:
         return Outcome.from_json(self.get(name)) if self.has(name) else None
 
     # ----------------------------------------------------------------- the job
-    def announce_launch(self, horovod_port: int | None, torch_port: int | None = None) -> None:
-        """Carries the master's Horovod port (only the master needs HOROVOD_PORT) and the
-        port of torch.distributed's env:// store for processes under Horovod."""
-        self.set("job/launch", json.dumps({"horovod_port": horovod_port, "torch_port": torch_port}))
+    def announce_launch(self, horovod_port: int | None, torch_port: int | None = None,
+                        launch_env: tuple[dict[str, str], ...] = ()) -> None:
+        """Carries the master's Horovod port (only the master needs HOROVOD_PORT), the
+        port of torch.distributed's env:// store for processes under Horovod, and the
+        launcher's per-rank variables (Launcher.launch_env)."""
+        self.set("job/launch", json.dumps({"horovod_port": horovod_port, "torch_port": torch_port,
+                                           "launch_env": list(launch_env)}))
 
     def launch(self) -> dict | None:
         return json.loads(self.get("job/launch")) if self.has("job/launch") else None

@@ -142,17 +142,18 @@ class Job:
         nodes_text = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
         self.log.say(f"node {node_rank} of {nodes_text}: address {where.addr}, interface {where.iface or '(auto)'}, "
                      f"{launcher.nproc} process(es)")
-        nodes, server_port, torch_port = self._meet(me, deadline)
+        nodes, server_port, torch_port, launch_env = self._meet(me, deadline)
         return Placement(node_rank, nodes, iface=where.iface, master_port=torch_port or c.master_port,
-                         horovod_addr=c.master_addr, horovod_port=server_port)
+                         horovod_addr=c.master_addr, horovod_port=server_port, launch_env=launch_env)
 
-    def _meet(self, me: NodeInfo, deadline: float) -> tuple[tuple[NodeInfo, ...], int, int | None]:
+    def _meet(self, me: NodeInfo, deadline: float):
         """The launcher's part of joining: the other nodes' addresses when it exchanges them,
         its server on the master (announced with the port of torch's env:// store for
-        launchers whose processes form their own group), or the master's announcement.
-        Returns (nodes, the server's port, that store's port)."""
+        launchers whose processes form their own group, and its per-rank variables), or the
+        master's announcement. Returns (nodes, the server's port, that store's port, the
+        per-rank variables)."""
         c, launcher, store = self.config, self.plan.launcher, self.store
-        nodes, server_port, torch_port = (me,), c.horovod_port, None
+        nodes, server_port, torch_port, launch_env = (me,), c.horovod_port, None, ()
         if launcher.exchange:
             nodes = tuple(self._wait_for_nodes(me.node_rank, deadline))
         if self.master:
@@ -162,12 +163,15 @@ class Job:
                 # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
                 # on a port of its own (MASTER_PORT is the job store's).
                 torch_port = hardware.free_ports(1)[0]
-                store.announce_launch(horovod_port=self.server.port if self.server else None, torch_port=torch_port)
+                launch_env = launcher.launch_env(list(nodes))
+                store.announce_launch(horovod_port=self.server.port if self.server else None, torch_port=torch_port,
+                                      launch_env=launch_env)
         elif launcher.exchange:
             launch = self._wait_for_launch(me.node_rank, deadline)
             server_port = launch.get("horovod_port") or server_port
             torch_port = launch.get("torch_port")
-        return nodes, server_port, torch_port
+            launch_env = tuple(launch.get("launch_env", ()))
+        return nodes, server_port, torch_port, launch_env
 
     def _connect(self, deadline: float) -> None:
         """Reach the job store. A node restarted after a failure (compose `restart:
@@ -286,5 +290,6 @@ class LocalJob:
                           tuple(hardware.free_ports(launcher.ports_needed(True), "127.0.0.1"))),)
         self.server = launcher.serve(self.plan, list(nodes), None, self.log)
         placement = Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
-                              horovod_addr="127.0.0.1", horovod_port=self.server.port if self.server else None)
+                              horovod_addr="127.0.0.1", horovod_port=self.server.port if self.server else None,
+                              launch_env=launcher.launch_env(list(nodes)))
         return JoinedJob(placement)

@@ -39,6 +39,7 @@ class Placement:
     master_port: int | None = None       # torch's MASTER_PORT for processes that form their own group
     horovod_addr: str | None = None      # the launcher's server on the master (Horovod's rendezvous)
     horovod_port: int | None = None
+    launch_env: tuple[dict[str, str], ...] = ()   # the master's per-rank variables (Launcher.launch_env)
 
     @property
     def me(self) -> NodeInfo | None:

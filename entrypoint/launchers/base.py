@@ -11,6 +11,7 @@ the answers:
     env()                what it adds to every process's environment
     describe()           its line of the dry run and of the log ('starts: ...')
     serve(...)           the servers it runs on the master once the nodes are known
+    launch_env(nodes)    per-rank variables the master builds once and announces with the launch
     processes(plan, placement)   the node's processes, once it has joined
     runner(...)          what runs and supervises them, returning the node's Outcome
 
@@ -107,6 +108,12 @@ class Launcher:
     def serve(self, plan, nodes: list[NodeInfo], store: JobStore | None, log: Log) -> Server | None:
         """On the master (or the one local node), once the nodes are known."""
         return None
+
+    def launch_env(self, nodes: list[NodeInfo]) -> tuple[dict[str, str], ...]:
+        """On the master, once the nodes are known: every rank's variables that only a view
+        of the whole job gives (Horovod's slots), announced to the nodes with the launch and
+        found in their Placement.launch_env. Nothing by default."""
+        return ()
 
     def processes(self, plan, placement: Placement) -> list[ProcessSpec]:
         raise NotImplementedError

@@ -5,7 +5,10 @@ Horovod's Gloo controller. The master's entrypoint serves Horovod's own HTTP ren
 (horovod_server.py) with Horovod's host assignment for the nodes that joined, and every
 node starts its workers with the environment horovodrun would give them: Horovod's
 `create_slot_env_vars` for the slot, and the Gloo rendezvous variables (`gloo_env`), the
-same builders the elastic launcher uses (horovod_elastic.py).
+same builders the elastic launcher uses (horovod_elastic.py). As in the elastic launcher,
+the master builds every slot's variables once (`slot_envs`) and announces them with the
+launch, so the workers import nothing of Horovod's runner (its `gloo_run` module alone
+costs a node 0.03-0.1 s of start-up).
 
 On one CPU node: Horovod's MPI controller under mpirun (Open MPI's shared memory beats
 Gloo's loopback TCP; README, Benchmarks), started as LAUNCHER=mpi starts its ranks.
@@ -54,6 +57,11 @@ def slot_env(slot) -> dict[str, str]:
     return create_slot_env_vars(slot)
 
 
+def slot_envs(nodes) -> tuple[dict[str, str], ...]:
+    """Every slot's variables, in rank order: what the master announces with the launch."""
+    return tuple(slot_env(slot) for slot in horovod_slots(nodes))
+
+
 def gloo_env(addr: str, port: int) -> dict[str, str]:
     """Where a Gloo worker finds Horovod's rendezvous, and Gloo for the CPU operations."""
     return {"HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
@@ -89,6 +97,9 @@ class HorovodGloo(Launcher):
             return HorovodRendezvous.serving(horovod_slots(nodes), self.config.horovod_port)
         return HorovodRendezvous.serving(horovod_slots(nodes), 0, "127.0.0.1")
 
+    def launch_env(self, nodes) -> tuple[dict[str, str], ...]:
+        return slot_envs(nodes)
+
     def processes(self, plan, placement) -> list[ProcessSpec]:
         """They also get torch.distributed's env:// (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE),
         so a torch.distributed script under LAUNCHER=horovod joins one group too: rank 0 is on
@@ -96,14 +107,16 @@ class HorovodGloo(Launcher):
         c, node_rank = self.config, placement.node_rank
         addr = placement.horovod_addr or c.master_addr
         procs = []
-        for slot in horovod_slots(placement.nodes):
-            if slot.hostname != host_name(node_rank):
+        for slot in placement.launch_env or slot_envs(placement.nodes):   # the master's, or (dry run) our own
+            if slot["HOROVOD_HOSTNAME"] != host_name(node_rank):
                 continue
+            rank = int(slot["HOROVOD_RANK"])
             env = {**plan.env, **node_env(placement.iface, node_rank),
-                   **rank_env(slot.rank, slot.size, slot.local_rank, slot.local_size, node_rank),
-                   **gloo_env(addr, placement.horovod_port or c.horovod_port), **slot_env(slot),
+                   **rank_env(rank, int(slot["HOROVOD_SIZE"]), int(slot["HOROVOD_LOCAL_RANK"]),
+                              int(slot["HOROVOD_LOCAL_SIZE"]), node_rank),
+                   **gloo_env(addr, placement.horovod_port or c.horovod_port), **slot,
                    "MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or c.master_port)}
-            procs.append(ProcessSpec(f"rank {slot.rank}", self.script(plan.python), env))
+            procs.append(ProcessSpec(f"rank {rank}", self.script(plan.python), env))
         return tagged(procs, c.launcher)
 
 

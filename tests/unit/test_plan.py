@@ -106,6 +106,33 @@ def test_horovod_env_matches_what_horovodrun_sets():
     assert specs[1].argv == ("py", "-u", "/app/code/train.py", "--steps", "3")
 
 
+def test_horovod_worker_takes_the_masters_slots_and_imports_no_horovod_runner():
+    """The master builds every slot's variables once (Launcher.launch_env) and announces
+    them; a worker's processes from that announcement equal those it would build itself,
+    and building them loads nothing of horovod.runner (its gloo_run costs a node's start)."""
+    import subprocess
+    import sys
+
+    master = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    announced = json.loads(json.dumps(master.launcher.launch_env(nodes(2, 2))))     # through the store
+    assert [e["HOROVOD_RANK"] for e in announced] == ["0", "1", "2", "3"]
+    worker = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
+    where = dict(iface="eth0", horovod_addr="m", horovod_port=29501)
+    given = plan_processes(worker, at(1, nodes(2, 2), launch_env=tuple(announced), **where))
+    assert given == plan_processes(worker, at(1, nodes(2, 2), **where))
+    script = f"""
+import json, sys
+from tests.unit.test_plan import plan, at, nodes
+from entrypoint.plan import plan_processes
+worker = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
+specs = plan_processes(worker, at(1, nodes(2, 2), launch_env=tuple(json.loads({json.dumps(json.dumps(announced))}))))
+assert [s.label for s in specs] == ["rank 2", "rank 3"], specs
+print(sorted(m for m in sys.modules if m.startswith("horovod")))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_horovod_uneven_nodes():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", NPROC_PER_NODE=2)
     specs = plan_processes(p, at(0, nodes(2, 1), iface="eth0"))
