@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import collectives  # noqa: E402
 from bench.procs import ROOT, WORKLOADS, base_env, entrypoint, free_port, run  # noqa: E402
+from entrypoint.driver import check_driver, parse_driver  # noqa: E402
 
 HOROVOD = "0.28.1"
 PATCHES = ROOT / "images" / "patches" / f"horovod-{HOROVOD}"
@@ -458,9 +459,32 @@ def step_preflight(check: Check) -> tuple[bool, str]:
         problems.append(f"preflight GPU count {gpus.group(1) if gpus else '?'} != nvidia-smi's {check.facts['gpus']}")
     if not chosen or chosen.group(1) != iface:
         problems.append(f"interface {chosen.group(1) if chosen else '?'}, expected {iface} (holds {address})")
+    driver_text, driver_problems = driver_facts(check)
+    problems += driver_problems
     warnings = f"; warnings: {' | '.join(figures['warnings'])}" if figures["warnings"] else ""
-    summary = f"{pre.removeprefix('preflight: ') or '(no preflight line)'}; {node or '(no node line)'}{warnings}"
+    summary = f"{pre.removeprefix('preflight: ') or '(no preflight line)'}; {node or '(no node line)'}; " \
+              f"{driver_text}{warnings}"
     return not problems, summary + ("; " + "; ".join(problems) if problems else "")
+
+
+def driver_facts(check: Check) -> tuple[str, list[str]]:
+    """The entrypoint's driver check (entrypoint/driver.py) on this host: the version it
+    reads from /proc/driver/nvidia/version must be nvidia-smi's, and the torch that just
+    trained on the GPU must pass it (no error) for its own CUDA."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        text = ""
+    driver, smi = parse_driver(text), (check.facts["gpu_list"] or [{}])[0].get("driver")
+    cuda = check.facts.get("torch_cuda")
+    check.results["driver"] = dict(proc=driver, nvidia_smi=smi, torch_cuda=cuda)
+    if check.rehearse:
+        return f"driver: {driver or 'none'} (rehearsal)", []
+    if driver is None or driver != smi:
+        return f"driver: {driver}", [f"driver version read {driver!r}, nvidia-smi says {smi!r}"]
+    error, warning = check_driver(driver, cuda, "this host's torch", {}) if cuda else (None, None)
+    check.results["driver"].update(error=error, warning=warning)
+    return f"driver {driver} for CUDA {cuda}: {warning or 'fits'}", [error] if error else []
 
 
 # --------------------------------------------------------------------------- 5. allreduce

@@ -133,7 +133,7 @@ def cmd_list(matrix, version, registry) -> int:
 
 def cmd_render(matrix, args) -> int:
     for v in matrix.select(args.variants):
-        out = render.write_context(render.render_context(v), Path(args.output_dir) / v.name)
+        out = render.write_context(render.render_context(v, matrix.cuda_variants()), Path(args.output_dir) / v.name)
         print(f"{v.name}: {out}")
     return 0
 
@@ -165,7 +165,8 @@ def cmd_build(matrix, version, args) -> int:
         else docker_build.find_docker_cli(args.docker_cli)
     for v in variants:
         refs = variant_tags(v, matrix.repository, version, args.registry)
-        context = docker_build.stage_context(v, Path(args.output_dir) / v.name, options.wheelhouse)
+        context = docker_build.stage_context(v, Path(args.output_dir) / v.name, options.wheelhouse,
+                                             matrix.cuda_variants())
         if args.dry_run:
             print(" ".join(docker_build.build_command(cli, v, refs, context, options)))
             continue

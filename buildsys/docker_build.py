@@ -166,9 +166,10 @@ def find_docker_cli(preferred: str | None = None) -> DockerCli:
                      + ". Set DOCKER_CLI to one.")
 
 
-def stage_context(v: Variant, out_dir: Path, wheelhouse: Path | None) -> Path:
+def stage_context(v: Variant, out_dir: Path, wheelhouse: Path | None,
+                  cuda_variants: dict[str, str] | None = None) -> Path:
     """Render the variant's context into out_dir and add the local wheelhouse to it."""
-    context = render.write_context(render.render_context(v), out_dir)
+    context = render.write_context(render.render_context(v, cuda_variants), out_dir)
     if wheelhouse:
         wheels = sorted(Path(wheelhouse).glob("*.whl"))
         if not wheels:

@@ -197,6 +197,10 @@ class Matrix(BaseModel):
             raise MatrixError(f"unknown variant {unknown[0]!r}; allowed: {', '.join(self.variants)}")
         return [self.variants[n] for n in names]
 
+    def cuda_variants(self) -> dict[str, str]:
+        """Every CUDA variant's name and CUDA version (for the images' driver check)."""
+        return {name: v.cuda.version for name, v in self.variants.items() if v.cuda}
+
 
 # --------------------------------------------------------------------------- loading
 

@@ -85,8 +85,10 @@ def horovod_build(v: Variant) -> dict | None:
     }
 
 
-def manifest(v: Variant) -> dict:
-    """The image manifest at /etc/disttrain/manifest.json, read by the entrypoint."""
+def manifest(v: Variant, cuda_variants: dict[str, str] | None = None) -> dict:
+    """The image manifest at /etc/disttrain/manifest.json, read by the entrypoint.
+    `cuda_variants` (the matrix's, name -> CUDA) lets a CUDA image's driver check name the
+    variant that would run on an older driver (entrypoint/driver.py)."""
     return {
         "schema": 1,
         "variant": v.name,
@@ -98,6 +100,7 @@ def manifest(v: Variant) -> dict:
         "horovod": horovod_build(v),
         "cuda_arch_list": list(v.cuda.arch_list) if v.cuda else [],
         "without": list(v.without),           # pinned companions this build left out
+        **({"cuda_variants": dict(sorted(cuda_variants.items()))} if v.cuda and cuda_variants else {}),
     }
 
 
@@ -209,6 +212,26 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
     return env
 
 
+def runtime_env(v: Variant) -> list[tuple[str, str]]:
+    """The final image's environment, for every process in it (training, commands after the
+    image, `docker exec` shells); `docker run -e` overrides each."""
+    env = [("DISTTRAIN_MANIFEST", "/etc/disttrain/manifest.json"), ("DATA_DIR", "/app/data"),
+           ("CHECKPOINT_DIR", "/app/checkpoints"), ("OMPI_MCA_plm_rsh_agent", "false")]
+    if v.keras() == "tf-keras":
+        # One Keras: the image's Horovod and MultiWorkerMirroredStrategy need tf-keras, so
+        # tf.keras is tf-keras whatever FRAMEWORK says (Keras 3 stays importable as `keras`).
+        env.append(("TF_USE_LEGACY_KERAS", "1"))
+    if v.cuda:
+        # NVIDIA's container conventions (as in NVIDIA's CUDA images): the runtime mounts
+        # every GPU and the compute libraries, and refuses a driver of an older CUDA major.
+        # Not cuda>={v.cuda.version}: PyPI's CUDA libraries run on the major's first driver
+        # (minor version compatibility; entrypoint/driver.py checks and warns at start).
+        major = v.cuda.version.split(".")[0]
+        env += [("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+                ("NVIDIA_REQUIRE_CUDA", f"cuda>={major}.0")]
+    return env
+
+
 def kv_lines(pairs: list[tuple[str, str]]) -> str:
     """key="value" pairs for ENV/LABEL, one per continued line, values JSON-quoted."""
     return " \\\n    ".join(f"{key}={json.dumps(value)}" for key, value in pairs)
@@ -229,7 +252,7 @@ def _environment() -> jinja2.Environment:
 
 def render_dockerfile(v: Variant) -> str:
     text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
-                                                                runtime_apt=runtime_apt(v),
+                                                                runtime_env=runtime_env(v), runtime_apt=runtime_apt(v),
                                                                 torch_extras=v.torch_companions())
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0
@@ -249,10 +272,10 @@ def _tree(root: Path, dest: str, suffixes: tuple[str, ...]) -> list[File]:
     return files
 
 
-def render_context(v: Variant) -> list[File]:
+def render_context(v: Variant, cuda_variants: dict[str, str] | None = None) -> list[File]:
     files = [
         File("Dockerfile", render_dockerfile(v).encode()),
-        File("manifest.json", (json.dumps(manifest(v), indent=2, sort_keys=True) + "\n").encode()),
+        File("manifest.json", (json.dumps(manifest(v, cuda_variants), indent=2, sort_keys=True) + "\n").encode()),
         File("wheelhouse/README", b"Local wheels for pip --find-links; filled by `build.py build --wheelhouse`.\n"),
     ]
     files += [File(f"requirements/{name}", text.encode()) for name, text in requirements(v).items()]

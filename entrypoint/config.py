@@ -170,7 +170,9 @@ VARIABLES = (
         '`native` (torchrun for PyTorch, `TF_CONFIG` for TF/Keras, parameter servers for '
         "MXNet), `horovod`, `mpi` (not MXNet). `horovod` on one CPU node runs Horovod's MPI "
         "controller under `mpirun` (shared memory; Horovod's own `HOROVOD_CONTROLLER=gloo` "
-        'keeps Gloo), across nodes and on GPUs Gloo, never SSH'),
+        "keeps Gloo) when that Horovod has MPI compiled in (the image's manifest says; outside "
+        "an image Horovod's `mpi_built()`, asked in a child process); across nodes, on GPUs and "
+        'for a Gloo-only Horovod: Gloo. Never SSH'),
     Var("SYNC_MODE", Choice(SYNC_MODES), "sync",
         '`async`: TF parameter servers, PyTorch local SGD, MXNet `dist_async`'),
     Var("SYNC_PERIOD", Int(1), "8", 'PyTorch `async`: steps between model averages'),
@@ -228,9 +230,10 @@ VARIABLES = (
     # The frameworks' and libraries' own variables that the plan reads: the user's value wins.
     Var("OMP_NUM_THREADS", PassThrough(), None, "threads per process for OpenMP; default: the node's CPUs "
                                                 "divided by its processes"),
-    Var("TF_USE_LEGACY_KERAS", PassThrough(), None, "TensorFlow and Keras jobs: 1 (default) makes tf.keras "
-                                                    "tf-keras, which MultiWorkerMirroredStrategy and "
-                                                    "horovod.tensorflow.keras need"),
+    Var("TF_USE_LEGACY_KERAS", PassThrough(), None, "1 (default in every image with tf-keras, for every "
+                                                    "process, and for TensorFlow and Keras jobs outside one) "
+                                                    "makes tf.keras tf-keras, which MultiWorkerMirroredStrategy "
+                                                    "and horovod.tensorflow.keras need"),
     Var("TF_CPP_MIN_LOG_LEVEL", PassThrough(), None, "TensorFlow's C++ log level; default for TensorFlow and "
                                                      "Keras jobs: 1"),
     Var("TF_CONFIG", PassThrough(), None, "a TFJob's cluster and task: the container runs that one task"),

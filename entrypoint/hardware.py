@@ -29,6 +29,7 @@ class Hardware:
     tpu_chips: int = 0                       # Google TPU chips on the PCI bus
     tpu_kind: str | None = None              # their generation: v4, v5e, ...
     tpu_devices: tuple[str, ...] = ()        # their device files this container can open
+    nvidia_driver: str | None = None         # the NVIDIA driver's version (driver.py), when one is loaded
 
     def tpu_text(self) -> str:
         if not self.tpu_chips:
@@ -109,10 +110,14 @@ def shm_bytes() -> int | None:
         return None
 
 
-def detect(env: dict[str, str], sys_root: str = "/sys", dev_root: str = "/dev") -> Hardware:
+def detect(env: dict[str, str], sys_root: str = "/sys", dev_root: str = "/dev",
+           proc_root: str = "/proc") -> Hardware:
+    from .driver import parse_driver
+
     chips, kind = tpu_chips(sys_root)
     return Hardware(gpus=gpu_count(env), cpus=cpu_count(), shm_bytes=shm_bytes(), tpu_chips=chips,
-                    tpu_kind=kind, tpu_devices=tpu_device_files(dev_root) if chips else ())
+                    tpu_kind=kind, tpu_devices=tpu_device_files(dev_root) if chips else (),
+                    nvidia_driver=parse_driver(_read(os.path.join(proc_root, "driver/nvidia/version"))))
 
 
 # --------------------------------------------------------------------------- network

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from . import accelerators
 from .accelerators import Accelerator
 from .config import Config, ConfigError, load_config
+from .driver import check_driver
 from .ecosystem import DirectRank, translate
 from .hardware import Hardware
 from .launchers import Launcher, Rendezvous, choose
@@ -146,6 +147,17 @@ def _hardware_warnings(config: Config, hw: Hardware, accel: Accelerator, nproc: 
     return warnings
 
 
+def _driver_warnings(hw: Hardware, accel: Accelerator, image: Image) -> list[str]:
+    """On a GPU host, the NVIDIA driver against the image's CUDA (driver.py): too old stops
+    here, in one line; older than the CUDA's own driver is a warning."""
+    if accel.kind != "gpu" or not hw.gpus or not image.cuda or not hw.nvidia_driver:
+        return []
+    error, warning = check_driver(hw.nvidia_driver, image.cuda, image.variant, dict(image.cuda_variants))
+    if error:
+        raise ConfigError(error)
+    return [warning] if warning else []
+
+
 def plan_node(config: Config, hw: Hardware, image: Image, direct: DirectRank | None = None,
               python: str = "python3") -> NodePlan:
     accel = accelerators.choose(config, hw, image.xla)
@@ -155,7 +167,7 @@ def plan_node(config: Config, hw: Hardware, image: Image, direct: DirectRank | N
         mode = config.train_mode
         nproc = config.nproc_per_node or (hw.gpus if accel.kind == "gpu" and hw.gpus else 1)
     accelerators.check_xla_layout(config, accel, hw, nproc, direct)
-    warnings = _hardware_warnings(config, hw, accel, nproc, direct)
+    warnings = _hardware_warnings(config, hw, accel, nproc, direct) + _driver_warnings(hw, accel, image)
     if config.tf_config and not direct:
         raise ConfigError("TF_CONFIG is set: the container runs as that one TensorFlow task (TFJob); "
                           "NPROC_PER_NODE/NUM_NODES do not apply")

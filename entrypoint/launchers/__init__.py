@@ -5,7 +5,7 @@ and `choose`, the one place that decides which one runs.
     direct.py          Direct         an outer launcher started this process as one rank
     xla.py             XlaHost        PyTorch/XLA with one process per host (TPU, XLA's CPU client)
     mpi.py             Mpirun         LAUNCHER=mpi
-    horovod.py         HorovodMpi     LAUNCHER=horovod on one CPU node with mpirun
+    horovod.py         HorovodMpi     LAUNCHER=horovod on one CPU node with mpirun and MPI in Horovod
                        HorovodGloo    LAUNCHER=horovod otherwise, fixed size
     horovod_elastic.py HorovodElastic LAUNCHER=horovod with MIN_NODES/MAX_NODES
     torchrun.py        Torchrun       PyTorch on one node (and PyTorch/XLA with a process per chip)
@@ -21,18 +21,21 @@ from __future__ import annotations
 from ..accelerators import Accelerator
 from ..config import Config
 from ..ecosystem import DirectRank
-from ..manifest import Image
+from ..manifest import Image, horovod_has_mpi
 from .base import Launcher, Rendezvous, Server
 
 __all__ = ["Launcher", "Rendezvous", "Server", "choose"]
 
 
 def _horovod_on_mpi(config: Config, mode: str, accel: Accelerator, image: Image) -> bool:
-    """Horovod's MPI controller: one CPU node, mpirun in the image, HOROVOD_CONTROLLER not gloo.
-    Across nodes Horovod stays on Gloo: SSH-free with the entrypoint's rendezvous."""
+    """Horovod's MPI controller: one CPU node, mpirun in the image, Horovod built with MPI,
+    HOROVOD_CONTROLLER not gloo. Across nodes Horovod stays on Gloo: SSH-free with the
+    entrypoint's rendezvous. A Gloo-only Horovod under mpirun would crash (exit 139)."""
     wants_gloo = config.passed.get("HOROVOD_CONTROLLER", "").strip().lower() == "gloo"
     mpirun = "mpi" in image.launchers              # the image carries Open MPI's mpirun
-    return mode == "local" and accel.kind == "cpu" and mpirun and not wants_gloo
+    if mode != "local" or accel.kind != "cpu" or not mpirun or wants_gloo:
+        return False
+    return horovod_has_mpi(image, config.family)
 
 
 def choose(config: Config, mode: str, nproc: int, accel: Accelerator, image: Image,

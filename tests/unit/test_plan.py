@@ -381,6 +381,7 @@ def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
     (dict(MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m"), Image(FW, LA), "TorchrunAgent"),
     (dict(LAUNCHER="horovod", NPROC_PER_NODE=2), Image(FW, LA), "HorovodMpi"),
     (dict(LAUNCHER="horovod", NPROC_PER_NODE=2), Image(FW, ["native", "horovod"]), "HorovodGloo"),
+    (dict(LAUNCHER="horovod", NPROC_PER_NODE=2), Image(FW, LA, horovod_mpi=False), "HorovodGloo"),  # mpirun, Gloo-only Horovod
     (dict(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m"), Image(FW, LA), "HorovodGloo"),
     (dict(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA),
      "HorovodElastic"),
@@ -404,3 +405,28 @@ def test_the_address_a_node_publishes():
     assert choose_address(master=False, node_addr="me.local", numeric=False, **pick) == "me.local"
     assert choose_address(master=True, node_addr=None, numeric=True, **pick) == "10.0.0.2"    # ps-lite binds an IP
     assert choose_address(master=False, node_addr="me.local", numeric=True, **pick) == "10.0.0.7"
+
+
+def test_the_manifest_says_whether_horovod_has_mpi(tmp_path):
+    from entrypoint.manifest import load
+
+    def image(controllers):
+        path = tmp_path / "manifest.json"
+        path.write_text(json.dumps({"frameworks": FW, "launchers": LA, "horovod": {"controllers": controllers}}))
+        return load({"DISTTRAIN_MANIFEST": str(path)})
+
+    assert image(["gloo", "mpi"]).horovod_mpi is True and image(["gloo"]).horovod_mpi is False
+
+
+def test_outside_an_image_horovod_itself_says_whether_it_has_mpi():
+    """The probe asks the installed Horovod (the image's own wheel in the test venv: built
+    with MPI), in a child process, and this process loads nothing of it."""
+    import sys
+
+    from entrypoint.manifest import detect, horovod_has_mpi
+
+    pytest.importorskip("horovod")
+    image, loaded = detect(), set(sys.modules)
+    assert image.horovod_mpi is None
+    assert horovod_has_mpi(image, "pytorch") is True
+    assert not {m for m in set(sys.modules) - loaded if m.startswith("horovod")}

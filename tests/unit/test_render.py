@@ -260,3 +260,23 @@ def test_other_variants_build_horovod_without_mxnet_and_keep_numpy_unbounded():
         v = MATRIX.variants[name]
         assert dict(render.horovod_env(v))["HOROVOD_WITHOUT_MXNET"] == "1"
         assert "numpy" in render.requirements(v)["runtime.txt"].splitlines()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_the_final_image_has_one_keras_and_nvidias_conventions(name):
+    """tf.keras is tf-keras in every process of an image whose Keras is tf-keras, whatever
+    FRAMEWORK says; every CUDA image carries NVIDIA's three variables, its CUDA major as the
+    requirement; the manifest names the matrix's CUDA variants for the driver check."""
+    v = MATRIX.variants[name]
+    final = render.render_dockerfile(v).split("FROM frameworks AS runtime")[1]
+    env = dict(render.runtime_env(v))
+    assert ("TF_USE_LEGACY_KERAS" in env) == (v.keras() == "tf-keras")
+    if v.cuda:
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        assert env["NVIDIA_REQUIRE_CUDA"] == f"cuda>={v.cuda.version.split('.')[0]}.0"
+        manifest = render.manifest(v, MATRIX.cuda_variants())
+        assert manifest["cuda_variants"][name] == v.cuda.version == manifest["versions"]["cuda"]
+    else:
+        assert not any(k.startswith("NVIDIA_") for k in env)
+    for key, value in env.items():
+        assert f'{key}="{value}"' in final
