@@ -171,7 +171,7 @@ VARIABLES = (
         "MXNet), `horovod`, `mpi` (not MXNet). `horovod` on one CPU node runs Horovod's MPI "
         "controller under `mpirun` (shared memory; Horovod's own `HOROVOD_CONTROLLER=gloo` "
         "keeps Gloo) when that Horovod has MPI compiled in (the image's manifest says; outside "
-        "an image Horovod's `mpi_built()`, asked in a child process); across nodes, on GPUs and "
+        "an image, whether Horovod's extension links Open MPI); across nodes, on GPUs and "
         'for a Gloo-only Horovod: Gloo. Never SSH'),
     Var("SYNC_MODE", Choice(SYNC_MODES), "sync",
         '`async`: TF parameter servers, PyTorch local SGD, MXNet `dist_async`'),

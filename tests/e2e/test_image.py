@@ -70,6 +70,24 @@ def built_variant():
     return MATRIX.variants[VARIANT].leaving_out(x for x in os.environ.get("BUILD_WITHOUT", "").split(",") if x)
 
 
+def test_tf_keras_is_tf_keras_in_every_process_whatever_framework_says(image):
+    """One Keras: a command after the image, under the default FRAMEWORK=pytorch, gets
+    tf-keras as tf.keras (Horovod's own TensorFlow suites need it); the user's value wins."""
+    if MATRIX.variants[VARIANT].keras() != "tf-keras":
+        pytest.skip(f"{VARIANT} carries no tf-keras")
+    probe = "import tensorflow as tf; print(tf.keras.__name__)"
+
+    def keras(*env: str) -> str:
+        done = subprocess.run(["docker", "run", "--rm", *env, image, "python", "-c", probe],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert keras().startswith("tf_keras")
+    assert keras("-e", "FRAMEWORK=pytorch").startswith("tf_keras")
+    assert not keras("-e", "TF_USE_LEGACY_KERAS=0").startswith("tf_keras")
+
+
 def test_labels_and_manifest_match_the_matrix(image):
     built = docker.from_env().images.get(image)
     v = built_variant()

@@ -419,14 +419,24 @@ def test_the_manifest_says_whether_horovod_has_mpi(tmp_path):
 
 
 def test_outside_an_image_horovod_itself_says_whether_it_has_mpi():
-    """The probe asks the installed Horovod (the image's own wheel in the test venv: built
-    with MPI), in a child process, and this process loads nothing of it."""
+    """Read from the installed Horovod's extensions (the image's own wheel in the test
+    venv, built with MPI), it agrees with Horovod's own mpi_built(), asked in a child
+    process, and loads nothing of Horovod here."""
+    import importlib.util
+    import subprocess
     import sys
 
-    from entrypoint.manifest import detect, horovod_has_mpi
+    from entrypoint.manifest import detect, horovod_has_mpi, needed_libraries
 
     pytest.importorskip("horovod")
     image, loaded = detect(), set(sys.modules)
     assert image.horovod_mpi is None
-    assert horovod_has_mpi(image, "pytorch") is True
+    for family, framework in (("pytorch", "torch"), ("tensorflow", "tensorflow")):
+        if importlib.util.find_spec(framework) is None:
+            continue
+        own = subprocess.run([sys.executable, "-c", f"import horovod.{framework} as h; print(h.mpi_built())"],
+                             capture_output=True, text=True, timeout=300).stdout.split()[-1]
+        assert str(horovod_has_mpi(image, family)) == own == "True", family
     assert not {m for m in set(sys.modules) - loaded if m.startswith("horovod")}
+    assert "libc.so.6" in needed_libraries("/bin/ls")
+    assert needed_libraries(__file__) == [] and needed_libraries("/nonexistent") == []
