@@ -1,5 +1,11 @@
 """Finishing together: how a node's outcome becomes the job's end on every node.
 
+When a node ends the job (a failure, a stop), it records why (job/abort). The master then
+keeps the job store up until every worker has read it and stopped (at most GRACE_PERIOD +
+LEAVE_WAIT_S), so that each says the master's reason in one line rather than losing the
+master's store under its processes. A node whose processes fail after another node ended
+the job reports that node's reason: its own failure was the consequence.
+
 The master marks the job done once every node is done, then waits (at most LEAVE_WAIT_S)
 until each worker has said it leaves, and a moment more (LEAVE_MARGIN_S) while their
 processes exit, so that `compose up --abort-on-container-exit` sees the workers end first
@@ -43,6 +49,8 @@ class Finishing:
                 self.store.abort(outcome)
             self.store.set_exit(self.rank, outcome)
             if not outcome.ok:
+                if self.master and outcome.ends_job:
+                    self._let_workers_stop()
                 return outcome
             return self._wait_for_workers() if self.master else self._wait_for_master()
         except StoreGone as exc:
@@ -53,15 +61,27 @@ class Finishing:
             return lost
 
     def _cause(self, outcome: Outcome) -> Outcome:
-        """This node's processes failed: because another node was stopped (then this
-        node reports the stop, 143, not a failure of its own)?"""
+        """This node's processes failed: because another node ended the job first (then
+        this node reports that node's reason, and a stop as 143, not a failure of its own)?"""
         if outcome.state is not NodeState.FAILED:
             return outcome
         aborted = self.store.aborted()
-        if aborted is not None and aborted.on_purpose:
-            self.log.say(aborted.reason)
+        if aborted is not None:
+            self.log.say(f"stopping: {aborted.reason}")
             return aborted
         return outcome
+
+    def _let_workers_stop(self) -> None:
+        """The master ended the job: its store stays up until every worker has stopped
+        (its exit recorded), gone silent, or GRACE_PERIOD + LEAVE_WAIT_S have passed."""
+        watch = self.watch
+        deadline = time.monotonic() + self.config.grace_period + LEAVE_WAIT_S
+        while time.monotonic() < deadline:
+            waiting = [k for k in watch.workers() if k not in watch.gone and self.store.exit(k) is None]
+            if not any(not watch.silent(k) for k in waiting):
+                return
+            self.store.beat(self.rank)
+            time.sleep(CHECK_INTERVAL_S)
 
     def _wait_for_workers(self) -> Outcome:
         watch, checked, workers = self.watch, 0.0, []

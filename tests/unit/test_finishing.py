@@ -18,9 +18,9 @@ from entrypoint.watch import JobWatch
 from tests.e2e.cluster import free_port
 
 
-def node(port: int, rank: int) -> tuple[JobStore, JobWatch]:
+def node(port: int, rank: int, **env) -> tuple[JobStore, JobWatch]:
     config = load_config({"ROLE": "master" if rank == 0 else "worker", "NUM_NODES": "2", "TRAIN_MODE": "distributed",
-                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": "t"},
+                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": "t", **env},
                          Image(["pytorch"], ["native"]))
     store = JobStore("127.0.0.1", port, "t", serve=rank == 0, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=time.monotonic() + 10)
@@ -60,3 +60,46 @@ def test_a_worker_that_never_says_it_leaves_delays_the_master_by_leave_wait_s_on
     waited = time.monotonic() - start
     assert outcome.state is NodeState.SUCCEEDED and master_store.done() and not master_store.has_left(1)
     assert waited >= finish_module.LEAVE_WAIT_S
+
+
+def test_a_master_that_ends_the_job_waits_for_its_worker_which_says_the_masters_reason():
+    """The master's rank failed: it records why and keeps the job store up until the
+    worker has stopped; the worker, whose ranks then fail too, reports the master's reason
+    (no 'lost the master'), in one line, and the master's exit code path is unchanged."""
+    port = free_port()
+    master_store, master = node(port, 0)
+    worker_store, worker = node(port, 1)
+    worker_log = io.StringIO()
+    worker.log = Log(worker_log)
+    results: dict = {}
+
+    def run(watch, outcome, key, delay=0.0):
+        time.sleep(delay)
+        results[key] = finish_together(watch, outcome)
+        results[key + " at"] = time.monotonic()
+
+    threads = [threading.Thread(target=run, args=(master, Outcome.failed("node 0: rank 0 exited with code 3"),
+                                                  "master")),
+               threading.Thread(target=run, args=(worker, Outcome.failed("rank 1 exited with code 1"), "worker",
+                                                  0.5))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results["master"].reason == "node 0: rank 0 exited with code 3" and results["master"].code == 1
+    assert results["worker"].reason == "node 0: rank 0 exited with code 3" and results["worker"].code == 1
+    assert results["worker at"] <= results["master at"]
+    assert worker_log.getvalue().count("\n") == 1 and "stopping: node 0: rank 0 exited" in worker_log.getvalue()
+    assert "lost the master" not in worker_log.getvalue()
+
+
+def test_a_master_that_ends_the_job_waits_at_most_grace_period_plus_leave_wait_s():
+    port = free_port()
+    master_store, master = node(port, 0, GRACE_PERIOD="1")
+    worker_store, _ = node(port, 1)
+    worker_store.beat(1)                                # joined, alive, never reads the abort
+    start = time.monotonic()
+    outcome = finish_together(master, Outcome.failed("node 0: rank 0 exited with code 3"))
+    waited = time.monotonic() - start
+    assert outcome.reason == "node 0: rank 0 exited with code 3" and master_store.aborted() is not None
+    assert 1 + finish_module.LEAVE_WAIT_S - 0.5 <= waited <= 1 + finish_module.LEAVE_WAIT_S + 2, waited
