@@ -46,6 +46,7 @@ class TorchrunLaunch:
     rdzv_conf: tuple[tuple[str, int], ...] = ()
     local_addr: str | None = None             # where the other nodes reach this one
     monitor_interval: float = MONITOR_INTERVAL_S
+    node_rank: int | None = None              # fixed-size, agent in the entrypoint: nodes in this order
 
     @property
     def elastic(self) -> bool:
@@ -121,13 +122,15 @@ class Torchrun(Launcher):
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         me = placement.me
         # The address the others reach this node at (torchrun's default, the FQDN, may not
-        # resolve elsewhere); the node that gets global rank 0 serves the workers'
-        # process-group store there. torchrun orders global ranks by these addresses.
+        # resolve elsewhere). torchrun orders the nodes by these addresses; a fixed-size job
+        # under the agent in the entrypoint orders them by node rank instead (rank 0 on the
+        # master: torchrun_agent._in_node_rank_order); elastic jobs keep torchrun's order.
         return TorchrunLaunch(
             nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
             rdzv_endpoint=self.endpoint,
             rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after),
-            local_addr=me.addr if me else None, **common)
+            local_addr=me.addr if me else None,
+            node_rank=None if c.elastic or not self.in_process else placement.node_rank, **common)
 
     def processes(self, plan, placement) -> list[ProcessSpec]:
         launch = self.launch(plan, placement)

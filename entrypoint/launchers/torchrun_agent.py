@@ -88,9 +88,62 @@ def launch_config(launch: TorchrunLaunch, python: str, grace_period: float):
     return config, program, args
 
 
-def _agent(config, program, args, stop: dict):
+def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
+    """torch's c10d rendezvous handler, with this node's group rank replaced by its rank in
+    the job store (fixed-size jobs): global ranks then follow node ranks, and rank 0 runs on
+    the master, as under the other launchers. c10d numbers the nodes by their sorted
+    descriptors (address, pid), so without this rank 0 lands on whichever node sorts first.
+    Both are permutations of 0..N-1 over the same round, so every node's view agrees.
+
+    Where torch does not share its rendezvous store with the workers (restarts enabled:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), global rank 0's process serves their store at
+    MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
+    under keys of our own in the round's store."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    class InNodeRankOrder(RendezvousHandler):
+        def next_rendezvous(self):
+            info = handler.next_rendezvous()
+            bootstrap = info.bootstrap_store_info
+            if not handler.use_agent_store:
+                store = info.store
+                if node_rank == 0:
+                    store.set("disttrain/master_addr", local_addr or bootstrap.master_addr)
+                    store.set("disttrain/master_port", str(get_free_port()))
+                bootstrap = RendezvousStoreInfo(store.get("disttrain/master_addr").decode(),
+                                                int(store.get("disttrain/master_port").decode()))
+            return RendezvousInfo(info.store, node_rank, info.world_size, bootstrap)
+
+        @property
+        def use_agent_store(self) -> bool:
+            return handler.use_agent_store
+
+        def get_backend(self):
+            return handler.get_backend()
+
+        def is_closed(self):
+            return handler.is_closed()
+
+        def set_closed(self):
+            return handler.set_closed()
+
+        def num_nodes_waiting(self):
+            return handler.num_nodes_waiting()
+
+        def get_run_id(self):
+            return handler.get_run_id()
+
+        def shutdown(self):
+            return handler.shutdown()
+
+    return InNodeRankOrder()
+
+
+def _agent(config, program, args, stop: dict, node_rank: int | None = None):
     """torch's LocalElasticAgent as launch_agent makes it (torch.distributed.launcher.api),
-    checking `stop` each time it checks its workers."""
+    checking `stop` each time it checks its workers; with `node_rank` (fixed-size jobs), its
+    nodes in node-rank order."""
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -109,8 +162,11 @@ def _agent(config, program, args, stop: dict):
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
                                   min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)
+    handler = rdzv_registry.get_rendezvous_handler(params)
+    if node_rank is not None:
+        handler = _in_node_rank_order(handler, node_rank, config.local_addr)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
-                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=config.max_restarts,
+                      rdzv_handler=handler, max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
     # GRACE_PERIOD before SIGKILL where this torch's agent takes it; else torch's 30 s,
     # cut short by the token sweep after GRACE_PERIOD (InProcessTorchrun._end, run()).
@@ -167,7 +223,7 @@ class InProcessTorchrun:
 
     def _run_agent(self, config, program, args) -> None:
         try:
-            agent, spec, SignalException = _agent(config, program, args, self._stop)
+            agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank)
             stopped = False
             try:
                 result = agent.run()

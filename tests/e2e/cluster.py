@@ -161,20 +161,25 @@ class Jobs:
         self.nodes: list[Node] = []
 
     def start(self, nodes: int, args: list[str], python: str = sys.executable, restart: bool = False,
-              **env) -> list[Node]:
-        """`nodes` nodes of one job. `restart`: every node restarts on failure, as under compose/restart.yml."""
+              order: list[int] | None = None, addrs: list[str] | None = None, **env) -> list[Node]:
+        """`nodes` nodes of one job. `restart`: every node restarts on failure, as under
+        compose/restart.yml. `order`: the node ranks in the order they start (default: the
+        master first); `addrs`: each node's NODE_ADDR (default 127.0.0.<k+1>)."""
         port = free_port()
-        started = []
-        for k in range(nodes):
-            node_env = base_env(self.tmp, NUM_NODES=nodes, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+        started: dict[int, Node] = {}
+        addrs = addrs or [f"127.0.0.{k + 1}" for k in range(nodes)]
+        for k in order or range(nodes):
+            node_env = base_env(self.tmp, NUM_NODES=nodes, MASTER_ADDR=addrs[0], MASTER_PORT=port,
                                 HOROVOD_PORT=free_port(), **env)
             if nodes > 1:
-                node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker",
-                                NODE_ADDR=f"127.0.0.{k + 1}")
+                node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker", NODE_ADDR=addrs[k])
             kind = RestartingNode if restart else Node
-            started.append(kind(node_env, args, self.tmp / f"node{k}.log", python=python))
-        self.nodes += started
-        return started
+            started[k] = kind(node_env, args, self.tmp / f"node{k}.log", python=python)
+            if order and k != order[-1]:
+                time.sleep(1.0)                     # this one is well on its way before the next starts
+        job = [started[k] for k in range(nodes)]
+        self.nodes += job
+        return job
 
     def add_node(self, job: list[Node]) -> Node:
         """Another worker for a running job (elastic jobs take it in), on the next loopback address."""
@@ -191,7 +196,7 @@ class Jobs:
 
     def run(self, nodes: int, args: list[str], timeout: float = 240, python: str = sys.executable,
             **env) -> tuple[list[int], str]:
-        """A job to its end: every node's exit code, and their output."""
+        """A job to its end: every node's exit code, and their output (`start`'s keywords too)."""
         job = self.start(nodes, args, python, **env)
         codes = [node.wait(timeout) for node in job]
         return codes, "\n".join(node.output for node in job)

@@ -39,6 +39,22 @@ def test_training_converges_and_replicas_agree(jobs, framework, launcher, nodes,
     check_trained(output, nodes * nproc)
 
 
+@pytest.mark.parametrize("restarts", [0, 1], ids=["shared-store", "restarts"])
+def test_fixed_size_torchrun_puts_global_rank_0_on_the_master_and_nodes_in_order(jobs, restarts):
+    """The worker starts first and its address sorts first (torch's c10d would make it
+    group rank 0); global ranks still follow node ranks: 0-1 on the master, 2-3 on the
+    worker, with torch's shared store and with restarts enabled (the workers' own store,
+    served by global rank 0's process at MASTER_ADDR)."""
+    codes, output = jobs.run(2, [], timeout=180, order=[1, 0], addrs=["127.0.0.3", "127.0.0.2"],
+                             NPROC_PER_NODE=2, MAX_RESTARTS=restarts,
+                             ENTRYPOINT=str(ROOT / "tests/e2e/rank_placement.py"))
+    assert codes == [0, 0], output[-4000:]
+    placed = {int(r): (role, int(node), int(local)) for r, role, node, local in
+              re.findall(r"PLACED rank=(\d+) world=4 role=(\w+) node=(\d+) local=(\d+)", output)}
+    assert placed == {0: ("master", 0, 0), 1: ("master", 0, 1), 2: ("worker", 1, 0), 3: ("worker", 1, 1)}, \
+        output[-4000:]
+
+
 def shard_lines(output: str, kind: str, step: int) -> dict[int, tuple[str, str]]:
     """rank -> (shard digest, full digest) from the hybrid example's SAVED/RESUMED lines."""
     found = re.findall(rf"{kind} rank=(\d+) step={step} shard=(\w+) full=(\w+)", output)
