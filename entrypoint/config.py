@@ -183,11 +183,11 @@ VARIABLES = (
         'checkpoints (rank 0 writes replicated state, every rank its own shards; every rank '
         'resumes) and Keras backups'),
     Var("MIN_NODES", Int(1), None, 
-        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`, or Horovod elastic with '
-        '`LAUNCHER=horovod` (docs/operations.md)'),
+        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`; PyTorch, TensorFlow or Keras: Horovod '
+        'elastic with `LAUNCHER=horovod` (docs/operations.md)'),
     Var("MAX_NODES", Int(1), None, 
-        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`, or Horovod elastic with '
-        '`LAUNCHER=horovod` (docs/operations.md)'),
+        'elastic PyTorch: `torchrun --nnodes=MIN:MAX`; PyTorch, TensorFlow or Keras: Horovod '
+        'elastic with `LAUNCHER=horovod` (docs/operations.md)'),
     Var("MAX_RESTARTS", Int(0), "0", 
         "torchrun's worker restarts (PyTorch native only); elastic jobs need room for each lost"
         ' node'),
@@ -423,11 +423,11 @@ def restarts_are_torchruns(v: Values, env: dict) -> Values:
     if v["MAX_RESTARTS"] and not torchrun:
         raise _fail("MAX_RESTARTS", env["MAX_RESTARTS"], "restarts are torchrun's (FRAMEWORK=pytorch, "
                                                          "LAUNCHER=native); allowed here: 0")
-    horovod = v["FRAMEWORK"] == "pytorch" and v["LAUNCHER"] == "horovod"
+    horovod = v["FRAMEWORK"] in ("pytorch", "tensorflow", "keras") and v["LAUNCHER"] == "horovod"
     if v["MIN_NODES"] is not None and not (torchrun or horovod):
         raise ConfigError(f"MIN_NODES/MAX_NODES: elastic training needs FRAMEWORK=pytorch with LAUNCHER=native "
-                          f"(torchrun) or LAUNCHER=horovod (hvd.elastic), got FRAMEWORK={v['FRAMEWORK']} "
-                          f"LAUNCHER={v['LAUNCHER']}")
+                          f"(torchrun), or FRAMEWORK=pytorch|tensorflow|keras with LAUNCHER=horovod "
+                          f"(hvd.elastic), got FRAMEWORK={v['FRAMEWORK']} LAUNCHER={v['LAUNCHER']}")
     return {}
 
 

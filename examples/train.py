@@ -7,7 +7,8 @@
     FRAMEWORK=pytorch  LAUNCHER=horovod  -> pytorch_horovod.py
     FRAMEWORK=pytorch  PJRT_DEVICE set (PyTorch/XLA: TPU, or XLA's CPU client) -> pytorch_xla.py
     FRAMEWORK=tensorflow|keras LAUNCHER=native -> tensorflow_mwms.py (tensorflow_ps.py if async)
-    FRAMEWORK=tensorflow|keras LAUNCHER=horovod -> keras_horovod.py
+    FRAMEWORK=tensorflow|keras LAUNCHER=horovod -> keras_horovod.py, or with MIN_NODES
+                       keras_horovod_elastic.py (hvd.elastic)
     FRAMEWORK=mxnet    LAUNCHER=native   -> mxnet_kvstore.py (parameter servers: dist_sync, dist_async)
     FRAMEWORK=mxnet    LAUNCHER=horovod  -> mxnet_horovod.py
 """
@@ -35,7 +36,7 @@ elif framework == "mxnet":
     name = "mxnet_horovod.py" if launcher == "horovod" else "mxnet_kvstore.py"
 else:
     if launcher == "horovod":
-        name = "keras_horovod.py"
+        name = "keras_horovod_elastic.py" if os.environ.get("MIN_NODES") else "keras_horovod.py"
     else:
         name = "tensorflow_ps.py" if sync == "async" else "tensorflow_mwms.py"
 

@@ -195,12 +195,14 @@ def test_model_parallel_is_pytorch_only():
     assert "allowed: data_parallel" in error(FRAMEWORK="tensorflow", PARALLEL_MODE="hybrid", TP_SIZE=2)
 
 
-def test_elastic_is_pytorchs_under_torchrun_or_horovod():
-    assert "elastic training needs FRAMEWORK=pytorch with LAUNCHER=native (torchrun) or LAUNCHER=horovod" in \
-        error(FRAMEWORK="tensorflow", TRAIN_MODE="distributed", MASTER_ADDR="m", ROLE="master", MIN_NODES=1,
-              MAX_NODES=3)
-    assert "got FRAMEWORK=pytorch LAUNCHER=mpi" in error(LAUNCHER="mpi", MASTER_ADDR="m", ROLE="master", MIN_NODES=1,
-                                                          MAX_NODES=3, HOSTFILE="/h")
+def test_elastic_is_torchruns_for_pytorch_and_horovods_for_pytorch_tensorflow_and_keras():
+    elastic = dict(TRAIN_MODE="distributed", MASTER_ADDR="m", ROLE="master", MIN_NODES=1, MAX_NODES=3)
+    assert "elastic training needs FRAMEWORK=pytorch with LAUNCHER=native (torchrun), or " \
+           "FRAMEWORK=pytorch|tensorflow|keras with LAUNCHER=horovod (hvd.elastic), got FRAMEWORK=tensorflow " \
+           "LAUNCHER=native" in error(FRAMEWORK="tensorflow", **elastic)
+    assert "got FRAMEWORK=pytorch LAUNCHER=mpi" in error(LAUNCHER="mpi", HOSTFILE="/h", **elastic)
+    for framework in ("tensorflow", "keras"):
+        assert config(FRAMEWORK=framework, LAUNCHER="horovod", **elastic).elastic
 
 
 def test_multi_node_mpi_needs_a_hostfile():

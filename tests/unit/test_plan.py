@@ -385,6 +385,8 @@ def test_torchrun_runs_in_the_entrypoint_across_nodes_only():
     (dict(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m"), Image(FW, LA), "HorovodGloo"),
     (dict(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA),
      "HorovodElastic"),
+    (dict(FRAMEWORK="tensorflow", LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=2, ROLE="worker", MASTER_ADDR="m"),
+     Image(FW, LA), "HorovodElastic"),
     (dict(LAUNCHER="mpi", NPROC_PER_NODE=2), Image(FW, LA), "Mpirun"),
     (dict(FRAMEWORK="keras"), Image(FW, LA), "TfConfig"),
     (dict(FRAMEWORK="mxnet", NUM_NODES=2, ROLE="master", MASTER_ADDR="m"), Image(FW, LA), "MxnetPs"),
