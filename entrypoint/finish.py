@@ -17,6 +17,7 @@ JobWatch that watched the node's processes (it knows which elastic nodes have le
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from .jobstore import StoreGone
@@ -46,7 +47,7 @@ class Finishing:
         try:
             outcome = self._cause(outcome)
             if outcome.ends_job:
-                self.store.abort(outcome)
+                self.store.abort(self._signed(outcome))
             self.store.set_exit(self.rank, outcome)
             if not outcome.ok:
                 if self.master and outcome.ends_job:
@@ -70,6 +71,13 @@ class Finishing:
             self.log.say(f"stopping: {aborted.reason}")
             return aborted
         return outcome
+
+    def _signed(self, outcome: Outcome) -> Outcome:
+        """This node's own failure, as the others read it: named after this node."""
+        if outcome.state is not NodeState.FAILED:
+            return outcome
+        who = "the master (node 0)" if self.master else f"node {self.rank}"
+        return dataclasses.replace(outcome, reason=f"{who}: {outcome.reason}")
 
     def _let_workers_stop(self) -> None:
         """The master ended the job: its store stays up until every worker has stopped

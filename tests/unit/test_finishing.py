@@ -78,7 +78,7 @@ def test_a_master_that_ends_the_job_waits_for_its_worker_which_says_the_masters_
         results[key] = finish_together(watch, outcome)
         results[key + " at"] = time.monotonic()
 
-    threads = [threading.Thread(target=run, args=(master, Outcome.failed("node 0: rank 0 exited with code 3"),
+    threads = [threading.Thread(target=run, args=(master, Outcome.failed("torchrun: rank 0 exited with 3"),
                                                   "master")),
                threading.Thread(target=run, args=(worker, Outcome.failed("rank 1 exited with code 1"), "worker",
                                                   0.5))]
@@ -86,10 +86,10 @@ def test_a_master_that_ends_the_job_waits_for_its_worker_which_says_the_masters_
         t.start()
     for t in threads:
         t.join(30)
-    assert results["master"].reason == "node 0: rank 0 exited with code 3" and results["master"].code == 1
-    assert results["worker"].reason == "node 0: rank 0 exited with code 3" and results["worker"].code == 1
-    assert results["worker at"] <= results["master at"]
-    assert worker_log.getvalue().count("\n") == 1 and "stopping: node 0: rank 0 exited" in worker_log.getvalue()
+    assert results["master"].reason == "torchrun: rank 0 exited with 3" and results["master"].code == 1
+    assert results["worker"].reason == "the master (node 0): torchrun: rank 0 exited with 3"
+    assert results["worker"].code == 1 and results["worker at"] <= results["master at"]
+    assert worker_log.getvalue() == "entrypoint: stopping: the master (node 0): torchrun: rank 0 exited with 3\n"
     assert "lost the master" not in worker_log.getvalue()
 
 
