@@ -38,8 +38,8 @@ SUITES = {"pytorch": ["test_torch.py"],
 LABEL = "io.disttrain"
 # pytest's summary line, as each rank prints it through horovodrun: '[1,0]<stdout>:3 failed, 97
 # passed in 8.1s' under mpirun, '[0]<stdout>:...' under Gloo, '== ... ==' without -q.
-SUMMARY = re.compile(r"\[(?:\d+,)?(\d+)\]<stdout>:=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s")
-COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)")
+SUMMARY = re.compile(r"\[(?:\d+,)?(\d+)\]<stdout>:=*\s*((?:\d+ (?:subtests )?\w+(?:, )?)+) in [\d.]+s")
+COUNT = re.compile(r"(\d+) ((?:subtests )?(?:passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?))")
 
 
 def labels(image: str) -> dict[str, str]:
@@ -57,9 +57,15 @@ def export_tests(git_dir: Path, version: str, dest: Path) -> Path:
     return dest / "test"
 
 
+# What the suites import beyond the image: pytest, and test/utils/common.py's mock and
+# the TensorFlow suites' parameterized (pure Python; installed here, mounted read-only).
+TEST_PACKAGES = ("pytest", "mock", "parameterized")
+
+
 def install_pytest(dest: Path) -> Path:
-    if not (dest / "pytest").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(dest), "pytest"], check=True)
+    if not all((dest / name).is_dir() for name in TEST_PACKAGES):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest),
+                        *TEST_PACKAGES, "pluggy", "iniconfig"], check=True)
     return dest
 
 
@@ -67,7 +73,7 @@ def counts(text: str) -> dict[int, dict[str, int]]:
     """rank -> {passed: n, failed: n, ...} from each rank's pytest summary line."""
     found: dict[int, dict[str, int]] = {}
     for rank, summary in SUMMARY.findall(text):
-        found[int(rank)] = {kind.rstrip("s") if kind.startswith(("error", "warning")) else kind: int(n)
+        found[int(rank)] = {(kind[:-1] if kind.endswith(("errors", "warnings")) else kind).replace(" ", "_"): int(n)
                             for n, kind in COUNT.findall(summary)}
     return found
 
@@ -77,7 +83,7 @@ def run_suite(image: str, tests: Path, pytest_dir: Path, suite: str, np: int, ti
     cmd = ["docker", "run", "--rm", "--shm-size=1g", "-v", f"{tests}:/suites:ro", "-v", f"{pytest_dir}:/opt/pytest:ro",
            "-e", "PYTHONPATH=/opt/pytest", "-w", "/suites/parallel", image,
            "horovodrun", "-np", str(np), "-H", f"localhost:{np}",
-           "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "cache_dir=/tmp", suite]
+           "python", "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider", suite]
     name = f"suite-{int(time.time() * 1000)}"
     started = time.monotonic()
     with open(log, "w") as out:
@@ -125,14 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {"image": args.image, "variant": variant, "horovod": version, "np": args.np, "suites": rows}
     (args.out / f"{variant}.json").write_text(json.dumps(results, indent=2) + "\n")
 
-    print(f"\n| variant | suite | rank | passed | failed | skipped | errors | exit | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| variant | suite | rank | passed | failed | skipped | errors | subtests passed/failed | exit | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ranks = row["ranks"] or {None: {}}
         for rank, c in sorted(ranks.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
             status = "timed out" if row["timed_out"] else row["exit"]
             print(f"| {variant} | {row['suite']} | {'-' if rank is None else rank} | {c.get('passed', 0)} | "
-                  f"{c.get('failed', 0)} | {c.get('skipped', 0)} | {c.get('error', 0)} | {status} | {row['seconds']} |")
+                  f"{c.get('failed', 0)} | {c.get('skipped', 0)} | {c.get('error', 0)} | "
+                  f"{c.get('subtests_passed', 0)}/{c.get('subtests_failed', 0)} | {status} | {row['seconds']} |")
     return 0 if all(r["exit"] == 0 for r in rows) else 1
 
 

@@ -10,6 +10,10 @@ def test_each_ranks_summary_is_read_under_mpirun_and_gloo_tags():
                                            1: {"passed": 103, "skipped": 12}}
     assert horovod_suites.counts("[0]<stdout>:1 error in 2.0s\n[1]<stdout>:1 passed, 2 errors in 2.1s") == \
         {0: {"error": 1}, 1: {"passed": 1, "error": 2}}
+    assert horovod_suites.counts("[1,1]<stdout>:143 passed, 112 skipped, 131 warnings, 176 subtests passed in 236.76s"
+                                 "\n[1,0]<stdout>:1 failed, 2 subtests failed, 3 subtests passed in 1.0s") == \
+        {1: {"passed": 143, "skipped": 112, "warning": 131, "subtests_passed": 176},
+         0: {"failed": 1, "subtests_failed": 2, "subtests_passed": 3}}
     assert horovod_suites.counts("[1,0]<stdout>:collected 10 items\nno summary: a rank never finished") == {}
 
 
