@@ -27,6 +27,8 @@ venv: $(VENV)/.dev
 $(VENV)/.dev: requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
+	# The image's per-interpreter progress hook (disttrain.pth there), for the host tests' processes.
+	$(PY) tests/install_progress_hook.py
 	touch $@
 
 image: venv

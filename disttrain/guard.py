@@ -16,10 +16,10 @@ to set. DISTTRAIN_GUARD=0 turns it off.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
+
+from .hooks import after_import
 
 EXIT_SPLIT = 2
 HOROVOD_MODULE = "horovod.common.basics"
@@ -100,35 +100,8 @@ def _patch_mwms(module) -> None:
     strategy.__init__ = __init__
 
 
-PATCHES = {HOROVOD_MODULE: _patch_horovod, MWMS_MODULE: _patch_mwms}
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the watched modules it lets the normal finders find them,
-    then patches each right after it has run."""
-
-    def find_spec(self, name, path, target=None):
-        patch = PATCHES.get(name)
-        if patch is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            try:
-                patch(module)
-            except AttributeError:
-                pass             # another release without these names: stay out of its way
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     if os.environ.get("DISTTRAIN_GUARD", "1") == "0":
         return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(HOROVOD_MODULE, _patch_horovod)
+    after_import(MWMS_MODULE, _patch_mwms)

@@ -92,6 +92,36 @@ class Int:
 
 
 @dataclass(frozen=True)
+class OffOrInt:
+    """0 turns the feature off; anything else must be at least `low`."""
+    low: int
+
+    def parse(self, name: str, text: str, image: Image) -> int:
+        allowed = f"allowed: 0 (off) or an integer >= {self.low}"
+        try:
+            number = int(text.strip())
+        except ValueError:
+            raise _fail(name, text, allowed) from None
+        if number != 0 and number < self.low:
+            raise _fail(name, text, allowed)
+        return number
+
+
+@dataclass(frozen=True)
+class OffOrFactor:
+    """0 turns the feature off; anything else is a factor above 1."""
+    def parse(self, name: str, text: str, image: Image) -> float:
+        allowed = "allowed: 0 (off) or a number > 1, like 1.5"
+        try:
+            number = float(text.strip())
+        except ValueError:
+            raise _fail(name, text, allowed) from None
+        if not (number == 0 or 1 < number < float("inf")):
+            raise _fail(name, text, allowed)
+        return number
+
+
+@dataclass(frozen=True)
 class Flag:
     def parse(self, name: str, text: str, image: Image) -> bool:
         value = text.strip().lower()
@@ -202,6 +232,15 @@ VARIABLES = (
         'seconds without a heartbeat (or a reply from the job store) before a node, or the '
         'master, counts as lost'),
     Var("GRACE_PERIOD", Int(0), "8", 'seconds from SIGTERM to SIGKILL when stopping the workers'),
+    Var("HANG_TIMEOUT", OffOrInt(5), "300",
+        'seconds a rank may go without a step or other progress, once it made its first, before '
+        'the job counts as hung: every rank\'s stack is dumped, one line names the stalled rank(s), '
+        'and the job stops with exit 124 (elastic: the stalled node leaves); `0`: off '
+        '(docs/operations.md)'),
+    Var("STRAGGLER_FACTOR", OffOrFactor(), "1.5",
+        "a rank whose own work per step stays above this times the median of the job's ranks "
+        'for `STRAGGLER_WINDOW` seconds is named in one line on the master; `0`: off'),
+    Var("STRAGGLER_WINDOW", Int(1), "60", 'seconds a rank must stay behind before it is named a straggler'),
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
         'rendezvous id, the same on every node of a job'),
     Var("HOROVOD_PORT", PORT, None, 
@@ -298,6 +337,9 @@ class Config:
     p2p_disable: bool | None = None
     comm_debug: str | None = None
     explain: bool = False
+    hang_timeout: int = 300
+    straggler_factor: float = 1.5
+    straggler_window: int = 60
     script_args: tuple[str, ...] = ()
     nccl_env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)   # variable -> where its value came from

@@ -32,7 +32,7 @@ CHECK_INTERVAL_S = 0.2
 
 def finish_together(watch: JobWatch | None, outcome: Outcome) -> Outcome:
     """The node's final outcome: this one on a single node (no watch), else the job's."""
-    return outcome if watch is None else Finishing(watch).finish(outcome)
+    return Finishing(watch).finish(outcome) if isinstance(watch, JobWatch) else outcome
 
 
 class Finishing:

@@ -20,6 +20,10 @@ torchrun. Under the prefix `disttrain/<RUN_ID>/`:
     rounds           counter: training rounds reported by the processes (elastic)
     round/<n>        {"world": W, "step": S}: round n's world size and the step it resumed
                      from, written by global rank 0 through disttrain.elastic
+    node/<k>/progress  its ranks' progress (a list of progress.RankProgress records), with each heartbeat
+    job/hang         the master found a hang: {"id": ..., "ranks": [...]}: every node dumps its stacks
+    hang/<id>/<k>    node k's answer: per rank, where its main thread is (vigil.py)
+    hang/<id>/verdict  elastic: {"line": ..., "leave": [k, ...]}: the stalled nodes leave
 
 This module only reads and writes those keys; joining (join.py) and watching (watch.py)
 decide what they mean. Every method raises StoreGone once the store cannot be reached.
@@ -259,5 +263,32 @@ class JobStore:
         return self.add("rounds", 0)
 
     def round(self, n: int) -> dict | None:
-        name = f"round/{n}"
+        return self.get_json(f"round/{n}")
+
+    # ----------------------------------------------------------------- progress and hangs (vigil.py)
+    def publish_progress(self, node: int, ranks: list[dict]) -> None:
+        self.set(f"node/{node}/progress", json.dumps(ranks))
+
+    def progress(self, node: int) -> list[dict]:
+        return self.get_json(f"node/{node}/progress") or []
+
+    def announce_hang(self, incident: dict) -> None:
+        self.set("job/hang", json.dumps(incident))
+
+    def hang(self) -> dict | None:
+        return self.get_json("job/hang")
+
+    def report_stacks(self, incident: str, node: int, report: dict) -> None:
+        self.set(f"hang/{incident}/{node}", json.dumps(report))
+
+    def stacks(self, incident: str, node: int) -> dict | None:
+        return self.get_json(f"hang/{incident}/{node}")
+
+    def announce_verdict(self, incident: str, verdict: dict) -> None:
+        self.set(f"hang/{incident}/verdict", json.dumps(verdict))
+
+    def verdict(self, incident: str) -> dict | None:
+        return self.get_json(f"hang/{incident}/verdict")
+
+    def get_json(self, name: str):
         return json.loads(self.get(name)) if self.has(name) else None

@@ -24,6 +24,8 @@ from .outcome import Outcome
 from .placement import NodeInfo, Placement
 from .plan import NodePlan
 from .signals import Signals
+from .progress import ProgressFolder
+from .vigil import LocalWatch, Vigil
 from .watch import JobWatch, stop_outcome
 
 EXIT_RENDEZVOUS = 3          # this node could not join: no master within RDZV_TIMEOUT, rank taken
@@ -47,16 +49,18 @@ class JoinedJob:
     config: Config | None = None
     log: Log | None = None
     signals: Signals | None = None
+    progress: ProgressFolder | None = None     # where this node's processes report their progress
 
     def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> JobWatch | None:
         """`serverless`: the node has no process of its own to wait for (TF servers, MPI
         hosts); `token`: the node token of its processes, for elastic torchrun (watch.py);
         `agent_in_process`: torch's agent runs in the entrypoint (torchrun_agent.py).
-        None on one node: nothing to watch but the processes."""
+        On one node: its ranks' progress (LocalWatch), or None when nothing reports it."""
         if self.store is None:
-            return None
+            return LocalWatch(self.config, self.log, self.progress) if self.progress else None
+        vigil = Vigil(self.config, self.placement.node_rank, self.log, self.progress) if self.progress else None
         return JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
-                        serverless=serverless, token=token, agent_in_process=agent_in_process)
+                        serverless=serverless, token=token, agent_in_process=agent_in_process, vigil=vigil)
 
 
 class _Stopped(Exception):
@@ -292,4 +296,4 @@ class LocalJob:
         placement = Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
                               horovod_addr="127.0.0.1", horovod_port=self.server.port if self.server else None,
                               launch_env=launcher.launch_env(list(nodes)))
-        return JoinedJob(placement)
+        return JoinedJob(placement, None, self.plan.config, self.log)

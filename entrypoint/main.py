@@ -15,6 +15,7 @@ started.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -29,6 +30,7 @@ from .join import Job, JoinedJob, LocalJob, NotJoined
 from .log import Log
 from .outcome import Outcome
 from .plan import NodePlan, command_env, plan_from_env, plan_processes
+from .progress import ProgressFolder
 from .signals import Signals
 
 EXIT_BAD_INPUT = 2
@@ -68,13 +70,19 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
     launcher's runner, and finish together with the other nodes."""
     signals = Signals().install()
     job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals)
+    progress = ProgressFolder()                # the processes report their steps here (vigil.py)
+    os.environ.update(progress.env())          # also for the processes torch's agent starts from here
+    env = {**env, **progress.env()}
     with job:
         try:
-            joined = job.join()
+            joined = dataclasses.replace(job.join(), progress=progress)
         except NotJoined as exc:
             return exc.outcome
-        runner = plan.launcher.runner(plan, joined, env, log, signals)
-        return finish_together(runner.watch, runner.run())
+        try:
+            runner = plan.launcher.runner(plan, joined, env, log, signals)
+            return finish_together(runner.watch, runner.run())
+        finally:
+            progress.close()
 
 
 def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:

@@ -22,9 +22,13 @@ class NodeState(str, Enum):
     ABORTED = "aborted"         # another node ended the job: its failure (1) or its stop (128 + signal)
     LOST = "lost"               # the master or a peer stopped answering: 1
     LEFT = "left"               # elastic: this worker node was stopped and left a job that goes on
+    HUNG = "hung"               # a rank made no progress for HANG_TIMEOUT seconds: EXIT_HUNG
 
     def __str__(self) -> str:
         return self.value
+
+
+EXIT_HUNG = 124                 # as timeout(1) reports a command that ran past its limit
 
 
 def signal_code(signum: int) -> int:
@@ -65,6 +69,15 @@ class Outcome:
         return Outcome(NodeState.LEFT, signal_code(signum), f"{who} left the job ({signal_name(signum)})")
 
     @staticmethod
+    def hung(reason: str) -> "Outcome":
+        return Outcome(NodeState.HUNG, EXIT_HUNG, reason)
+
+    @staticmethod
+    def left_hung(reason: str) -> "Outcome":
+        """Elastic: this node's ranks stalled; it leaves, and the job goes on without it."""
+        return Outcome(NodeState.LEFT, EXIT_HUNG, reason)
+
+    @staticmethod
     def of_process(label: str, returncode: int) -> "Outcome":
         """A critical process's end: Popen's returncode (-N when killed by signal N)."""
         if returncode == 0:
@@ -74,9 +87,9 @@ class Outcome:
         return Outcome.failed(f"{label} {how}", code)
 
     def aborting(self) -> "Outcome":
-        """What this node's outcome means for the other nodes of the job: stopped nodes
-        stop the others with the same code; anything else fails them with 1."""
-        code = self.code if self.state is NodeState.STOPPED else 1
+        """What this node's outcome means for the other nodes of the job: stopped and hung
+        jobs end with the same code on every node; anything else fails them with 1."""
+        code = self.code if self.state in (NodeState.STOPPED, NodeState.HUNG) else 1
         return Outcome(NodeState.ABORTED, code, self.reason, cause=self.state)
 
     # ----------------------------------------------------------------- properties

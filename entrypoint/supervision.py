@@ -36,6 +36,11 @@ class Watch(Protocol):
     def stopping(self, signum: int) -> Outcome:
         """This node got a signal: tell the others first; returns what the node reports."""
 
+    has_peers: bool                  # other nodes share the job (JobWatch), or this node is alone
+
+    def show_status(self) -> None:
+        """SIGUSR1: the job's status, in the log (status.py)."""
+
 
 class Supervised(Protocol):
     def poll(self) -> Outcome | None:
@@ -84,6 +89,8 @@ def supervise(runner: Supervised, watch: Watch | None, signals: Signals, log: Lo
             # Tell the other nodes first: their processes are about to lose this node's,
             # and should read that as "stopped", not as a failure.
             return watch.stopping(signum) if watch else Outcome.stopped(signum)
+        if signals.take_status_request() and watch is not None:
+            watch.show_status()
         if (outcome := runner.poll()) is not None:
             return outcome
         if (verdict := every_second.verdict()) is not None:

@@ -143,7 +143,7 @@ class Supervisor:
                 return outcome
         if critical and all(p.poll() == 0 for _, p in critical):
             return Outcome.succeeded()          # servers (TF ps/workers) end with the chief
-        if not critical and not self.watch and all(p.poll() is not None for _, p in children):
+        if not critical and not (self.watch and self.watch.has_peers) and all(p.poll() is not None for _, p in children):
             return Outcome.succeeded()
         return None
 

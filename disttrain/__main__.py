@@ -1,0 +1,35 @@
+"""`disttrain status`: the job as this container's entrypoint sees it (the master sees the
+whole job; a worker its own ranks), from the file it writes once a second (entrypoint/status.py).
+
+    docker exec CONTAINER disttrain status [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from entrypoint import status
+
+    parser = argparse.ArgumentParser(prog="disttrain", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("status", help="the job's ranks: steps, step time, idle time, who is behind")
+    show.add_argument("--json", action="store_true", help="the status file as it is")
+    show.add_argument("--file", default=None, help=f"the status file (default: ${status.VAR}, else "
+                                                   f"{status.default_path({})})")
+    args = parser.parse_args(argv)
+    path = args.file or status.default_path()
+    current = status.read(path)
+    if current is None:
+        print(f"disttrain: no status at {path}: is the entrypoint running training in this container?",
+              file=sys.stderr)
+        return 1
+    print(json.dumps(current, indent=1) if args.json else "\n".join(status.table(current)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Install the image's per-interpreter progress hook (images/Dockerfile.j2 writes it into
+disttrain.pth) into this interpreter's site-packages, so that the host tests' training
+processes report their progress as they do in the image. Quiet where disttrain is not
+importable (the .pth line runs in every Python process of the environment)."""
+
+import pathlib
+import sysconfig
+
+LINE = ('import sys; exec("try:\\n from disttrain import progress\\n progress.install()\\n'
+        'except ImportError:\\n pass")\n')
+
+if __name__ == "__main__":
+    path = pathlib.Path(sysconfig.get_paths()["purelib"], "disttrain-progress.pth")
+    path.write_text(LINE)
+    print(f"installed {path}")
