@@ -8,7 +8,7 @@ every rank waits in a collective, no rank is to blame: the network or a peer is.
 
 A straggler is a rank whose own work per step (PyTorch: the time from its step's end to
 its next backward pass; elsewhere its step time) stays above STRAGGLER_FACTOR times the
-median of the job's ranks for STRAGGLER_WINDOW seconds.
+median of the other ranks' for STRAGGLER_WINDOW seconds.
 """
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ class Stragglers:
             return None
         compute = all(r.compute_time is not None for r in ranks)
         figures = {key(r): own_work(r, compute) for r in ranks}
-        known = [f for f in figures.values() if f is not None]
-        median = statistics.median(known) if len(known) >= 2 else None
-        behind = []
+        behind, medians = [], {}
         for r in ranks:
             figure = figures[key(r)]
+            others = [f for k, f in figures.items() if k != key(r) and f is not None]
+            median = medians[key(r)] = statistics.median(others) if others else None
             if median and figure is not None and figure > self.factor * median:
                 since = self._behind_since.setdefault(key(r), now)
                 if now - since >= self.window_s:
@@ -127,5 +127,5 @@ class Stragglers:
         if not behind:
             return f"straggler: none now ({len(was)} rank(s) caught up)"
         return "straggler: " + "; ".join(
-            f"{named(r)} takes {figure:.3f}s {what}, {figure / median:.1f}x the median {median:.3f}s, "
-            f"for {now - self._behind_since[key(r)]:.0f}s" for r, figure in behind)
+            f"{named(r)} takes {figure:.3f}s {what}, {figure / medians[key(r)]:.1f}x the others' median "
+            f"{medians[key(r)]:.3f}s, for {now - self._behind_since[key(r)]:.0f}s" for r, figure in behind)

@@ -111,7 +111,7 @@ def test_a_straggler_is_named_once_after_its_window_and_again_when_it_catches_up
     assert s.observe(slow, now=0.0) is None          # behind, not yet for the window
     line = s.observe(slow, now=10.0)
     assert line.startswith("straggler: rank 2 (node 1 on host1) takes 0.400s its own work")
-    assert "4.0x the median 0.100s" in line
+    assert "4.0x the others' median 0.100s" in line
     assert s.observe(slow, now=11.0) is None         # said once
     even = [rank(0, 0, compute=0.1), rank(0, 1, compute=0.1), rank(1, 2, compute=0.11)]
     assert s.observe(even, now=12.0) == "straggler: none now (1 rank(s) caught up)"
