@@ -273,6 +273,34 @@ def test_torch_distributed_script_under_launcher_horovod_joins_one_group(image, 
     assert_replicas_agree(job.logs(), 2)
 
 
+def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_124(image, project, tmp_path):
+    """Global rank 1 (the worker's) stops at step 15 while rank 0 waits in the allreduce: both
+    containers dump their stacks, say the same line, and exit 124 within HANG_TIMEOUT + 10 s."""
+    stall = ROOT / "tests" / "e2e" / "stall.py"
+    code = code_dir(tmp_path, train__py=stall.read_text())
+    line_no = next(i for i, line in enumerate(stall.read_text().splitlines(), 1) if "time.sleep(0.1)" in line)
+    job = project(CODE_PATH=str(code), HANG_TIMEOUT="5")
+    job.compose("up", "-d", check=True)
+    deadline, shown = time.monotonic() + 240, ""
+    while time.monotonic() < deadline and not re.search(r"^\s+1 \S+\s+[\d.]+\s+1 ", shown, re.M):
+        shown = job.compose("exec", "-T", "master", "disttrain", "status").stdout   # the master's view
+        time.sleep(0.5)
+    assert re.search(r"^\s+0 master\s+[\d.]+\s+0 ", shown, re.M), shown
+    job.wait_for_log("[rank 1] stack of rank 1", 60, service="worker")
+    stacks_seen = time.monotonic()
+    job.wait_exited(60)
+    assert time.monotonic() - stacks_seen < 15
+    assert set(job.exit_codes().values()) == {124}, (job.exit_codes(), job.logs()[-4000:])
+    for name, log in job.logs_by_container().items():
+        [line] = re.findall(r"entrypoint: stopping: (no progress for .*)", log)
+        assert re.search(rf"rank 1 \(node 1 on \S+\) stalled after step 14: it is at "
+                         rf"/app/code/train.py:{line_no} in wait_forever", line), (name, line)
+        assert "rank 0 (node 0 on master) waits in backward (DDP's gradient allreduce)" in line, (name, line)
+        assert "stacks: /app/checkpoints/diagnostics/hang-" in line
+    worker = next(log for name, log in job.logs_by_container().items() if "worker" in name)
+    assert f'[rank 1]   File "/app/code/train.py", line {line_no} in wait_forever' in worker
+
+
 # --------------------------------------------------------------------------- Docker Swarm
 
 def docker_clients() -> list[str]:
