@@ -52,6 +52,18 @@ SECTIONS = [
     ("training", "Training (examples/pytorch_ddp.py, CPU, batch 256 per process)",
      ["hidden width", "processes", "samples/s", "speed-up"],
      lambda r: [r["hidden"], r["processes"], _fmt(r["samples_per_s"], ".0f"), f"{_fmt(r.get('speedup'))}×"]),
+    ("hang_detection", "Hang detection: a rank stalls (N nodes, 1 process each, DDP over Gloo) → the master's "
+                       "diagnosis line, and → every node exited (124)",
+     ["nodes", "HANG_TIMEOUT (s)", "stall → diagnosis (s)", "stall → job ended (s)", "slowest end (s)", "goal (s)",
+      "runs (failed)"],
+     lambda r: [r["nodes"], r["hang_timeout"], _fmt(r["diagnosis_s"], ".1f"), _fmt(r["end_s"], ".1f"),
+                _fmt(r["max_end_s"], ".1f"), f"≤ {r['goal_s']}", f"{r['runs']} ({r['failures']})"]),
+    ("progress_cost", "Progress reporting: steps/s of a PyTorch loop (1 process, 1 thread) with the image's "
+                      "hooks and without",
+     ["hidden width", "steps", "without (steps per CPU-s)", "with", "with / without", "cost of a step (µs)",
+      "with / without, wall clock", "blocks each"],
+     lambda r: [r["hidden"], r["steps"], _fmt(r["without"], ".0f"), _fmt(r["with"], ".0f"), _fmt(r["ratio"], ".3f"),
+                _fmt(r["step_cost_us"], ".1f"), _fmt(r["wall_ratio"], ".3f"), r["runs"]]),
     ("elastic", "Elastic PyTorch: membership change → end of the first training step at the new world size",
      ["launcher", "change", "world size", "seconds", "min–max", "runs (failed)"],
      lambda r: [r["launcher"], r["change"], r["world"], _fmt(r["seconds"], ".1f"),
@@ -131,4 +143,18 @@ def plots(results: dict, out: Path) -> list[Path]:
         ax.legend()
         ax.set_title("Image size")
         save(fig, "images.png")
+    if "hang_detection" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for timeout in dict.fromkeys(r["hang_timeout"] for r in results["hang_detection"]):
+            rows = [r for r in results["hang_detection"] if r["hang_timeout"] == timeout]
+            line, = ax.plot([r["nodes"] for r in rows], [r["end_s"] for r in rows], marker="o",
+                            label=f"HANG_TIMEOUT={timeout}: job ended")
+            ax.plot([r["nodes"] for r in rows], [r["diagnosis_s"] for r in rows], marker="x", ls="--",
+                    color=line.get_color(), label=f"HANG_TIMEOUT={timeout}: diagnosis")
+            ax.axhline(timeout + 10, color=line.get_color(), ls=":", lw=1)
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("seconds after the stall")
+        ax.legend(fontsize=7)
+        ax.set_title("Hang detection (dotted: goal, HANG_TIMEOUT + 10 s)")
+        save(fig, "hangs.png")
     return written

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks, side by side in one run: launch overhead, rendezvous scaling, compose start-up,
-allreduce throughput, image size and rebuild time, training scaling, elastic resumption.
+allreduce throughput, image size and rebuild time, training scaling, elastic resumption,
+hang detection and the cost of progress reporting.
 
     python bench/run.py                 default sizes (under 10 minutes on 2 cores)
     python bench/run.py --full          + 16 nodes and 256 MB allreduces
@@ -24,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import collectives, compose_start, elastic, image, launch, rendezvous, report, training  # noqa: E402
+from bench import collectives, compose_start, elastic, hangs, image, launch, rendezvous, report, training  # noqa: E402
 
-SECTIONS = ("launch", "rendezvous", "compose", "collectives", "image", "training", "elastic")
+SECTIONS = ("launch", "rendezvous", "compose", "collectives", "image", "training", "elastic", "hangs")
 
 
 def machine() -> str:
@@ -85,6 +86,13 @@ def main() -> int:
     if "elastic" in sections:
         step("elastic resumption")
         results["elastic"] = elastic.measure(repeats, ("torchrun",) if args.smoke else tuple(elastic.LAUNCHERS))
+    if "hangs" in sections:
+        step("hang detection")
+        results["hang_detection"] = hangs.detection((2,) if args.smoke else (2, 4), (5,) if args.smoke else (5, 15),
+                                                    1 if args.smoke else max(1, repeats // 2))
+        step("progress reporting cost")
+        results["progress_cost"] = hangs.cost(2 if args.smoke else 20, 100 if args.smoke else 500,
+                                              (64,) if args.smoke else (16, 64, 512))
 
     step("done")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))

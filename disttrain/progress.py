@@ -4,8 +4,8 @@ The image's per-interpreter line (disttrain.pth) calls `install()` in every Pyth
 it does nothing unless the entrypoint gave the process DISTTRAIN_PROGRESS (a folder). Then
 it hooks the frameworks where a training step shows, as each is imported:
 
-    step      PyTorch: every optimizer step (torch's global step hooks; the outermost one
-              only, so Horovod's DistributedOptimizer counts once); Keras/TensorFlow: every
+    step      PyTorch: every optimizer step (torch's global step hook; a step that ends
+              twice, as Horovod's DistributedOptimizer's does, counts once); Keras/TensorFlow: every
               train batch of fit(); MXNet: Gluon's Trainer.step
     activity  Keras evaluate/predict batches, tf.function calls (custom TensorFlow loops),
               Horovod's synchronize (its PyTorch collectives), MXNet kvstore pushes
@@ -54,7 +54,7 @@ class Progress:
         self.step_time: float | None = None
         self.compute_time: float | None = None
         self.source = ""
-        self._step_depth = 0
+        self._last_optimizer = None       # PyTorch: whose step ended last
         self._computing_since = 0.0        # end of the last step; 0: no step yet, or backward started
         self._started = False
 
@@ -80,13 +80,17 @@ class Progress:
 
     def backward_starts(self) -> None:
         """PyTorch: the time since the last step was this rank's own work."""
+        now = time.monotonic()
         since = self._computing_since
         if since:
-            spent = time.monotonic() - since
+            spent = now - since
             self.compute_time = spent if self.compute_time is None else \
                 self.compute_time + SMOOTHING * (spent - self.compute_time)
             self._computing_since = 0.0
-        self.activity("torch backward")
+        self.activities += 1
+        self.last_event = now
+        if not self._started:
+            self._start("torch backward")
 
     # ------------------------------------------------------------------ reporting
     def record(self) -> dict:
@@ -132,11 +136,14 @@ _progress: Progress | None = None
 
 
 def current() -> Progress | None:
-    """This process's Progress (a forked child starts its own)."""
-    global _progress
-    if _progress is not None and _progress.pid != os.getpid():
-        _progress = Progress(_progress.folder)
+    """This process's Progress (a forked child starts its own: _forked)."""
     return _progress
+
+
+def _forked() -> None:
+    global _progress
+    if _progress is not None:
+        _progress = Progress(_progress.folder)
 
 
 def _step(source: str) -> None:
@@ -154,20 +161,18 @@ def _activity(source: str) -> None:
 # ---------------------------------------------------------------------- the frameworks' hooks
 
 def _hook_torch_optimizer(module) -> None:
-    def pre(optimizer, args, kwargs):
-        p = current()
-        if p is not None:
-            p._step_depth += 1
-
+    # Runs on every step: module globals, one call. Horovod's DistributedOptimizer calls its
+    # base class's step inside its own, so one step ends twice, with the same optimizer and
+    # no backward pass in between: the second end is not counted.
     def post(optimizer, args, kwargs):
-        p = current()
+        p = _progress
         if p is None:
             return
-        p._step_depth = max(0, p._step_depth - 1)
-        if p._step_depth == 0:             # Horovod's optimizer calls its base class's step inside its own
-            p.step("torch optimizer")
+        if optimizer is p._last_optimizer and p._computing_since:
+            return
+        p._last_optimizer = optimizer
+        p.step("torch optimizer")
 
-    module.register_optimizer_step_pre_hook(pre)
     module.register_optimizer_step_post_hook(post)
 
 
@@ -175,9 +180,8 @@ def _hook_torch_backward(module) -> None:
     original = module.backward
 
     def backward(*args, **kwargs):
-        p = current()
-        if p is not None:
-            p.backward_starts()
+        if _progress is not None:
+            _progress.backward_starts()
         return original(*args, **kwargs)
 
     backward.__wrapped__ = original
@@ -258,5 +262,6 @@ def install() -> None:
     if not folder or _progress is not None:
         return
     _progress = Progress(folder)
+    os.register_at_fork(after_in_child=_forked)
     for name, hook in HOOKS.items():
         after_import(name, hook)

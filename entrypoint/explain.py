@@ -24,6 +24,15 @@ def assumed_placement(plan: NodePlan) -> Placement:
                      horovod_addr=c.master_addr, horovod_port=c.horovod_port)
 
 
+def watches(c) -> str:
+    """What the node watches besides its processes (docs/operations.md, hangs and stragglers)."""
+    hang = f"a hang after HANG_TIMEOUT={c.hang_timeout}s without progress (exit 124)" if c.hang_timeout else \
+        "no hangs (HANG_TIMEOUT=0)"
+    slow = (f"stragglers at {c.straggler_factor:g}x the others' median for {c.straggler_window}s"
+            if c.straggler_factor else "no stragglers (STRAGGLER_FACTOR=0)")
+    return f"{hang}; {slow}"
+
+
 def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:
     c = plan.config
     lines = [f"disttrain launch plan ({plan.mode})",
@@ -35,7 +44,8 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
              f"  accelerator: {plan.accelerator.kind}"
              + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else "")
              + (f"; {plan.hardware.tpu_text()}" if plan.hardware and plan.accelerator.kind == "tpu" else ""),
-             f"  starts:      {plan.starts}"]
+             f"  starts:      {plan.starts}",
+             f"  watches:     {watches(c)}"]
     if plan.rendezvous:
         r = plan.rendezvous
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]

@@ -70,9 +70,12 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
     launcher's runner, and finish together with the other nodes."""
     signals = Signals().install()
     job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals)
-    progress = ProgressFolder()                # the processes report their steps here (vigil.py)
-    os.environ.update(progress.env())          # also for the processes torch's agent starts from here
-    env = {**env, **progress.env()}
+    c = plan.config
+    # The processes report their steps here (vigil.py), unless both detections are off.
+    progress = ProgressFolder() if c.hang_timeout or c.straggler_factor else None
+    if progress:
+        os.environ.update(progress.env())      # also for the processes torch's agent starts from here
+        env = {**env, **progress.env()}
     with job:
         try:
             joined = dataclasses.replace(job.join(), progress=progress)
@@ -82,7 +85,8 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
             runner = plan.launcher.runner(plan, joined, env, log, signals)
             return finish_together(runner.watch, runner.run())
         finally:
-            progress.close()
+            if progress:
+                progress.close()
 
 
 def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:

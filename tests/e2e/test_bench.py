@@ -17,7 +17,8 @@ def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
                              "--image", image],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for heading in ("Launch overhead", "Rendezvous", "docker compose up", "Allreduce", "Images", "Training", "Elastic"):
+    for heading in ("Launch overhead", "Rendezvous", "docker compose up", "Allreduce", "Images", "Training", "Elastic",
+                    "Hang detection", "Progress reporting"):
         assert heading in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert all(r["runs"] == 1 for r in results["launch"]), results["launch"]
@@ -26,5 +27,7 @@ def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
     assert all(r["ok"] for r in results["collectives"])
     assert results["image_sizes"] and all(r["overhead_ratio"] > 0 for r in results["image_sizes"])
     assert all(r["failures"] == 0 for r in results["elastic"]), results["elastic"]
-    for name in ("launch.png", "rendezvous.png", "allreduce.png", "images.png"):
+    assert all(r["failures"] == 0 for r in results["hang_detection"]), results["hang_detection"]
+    assert results["progress_cost"] and all(r["ratio"] > 0 for r in results["progress_cost"])
+    for name in ("launch.png", "rendezvous.png", "allreduce.png", "images.png", "hangs.png"):
         assert (tmp_path / name).stat().st_size > 5000

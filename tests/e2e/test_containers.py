@@ -276,7 +276,7 @@ def test_torch_distributed_script_under_launcher_horovod_joins_one_group(image, 
 def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_124(image, project, tmp_path):
     """Global rank 1 (the worker's) stops at step 15 while rank 0 waits in the allreduce: both
     containers dump their stacks, say the same line, and exit 124 within HANG_TIMEOUT + 10 s."""
-    stall = ROOT / "tests" / "e2e" / "stall.py"
+    stall = ROOT / "bench" / "workloads" / "stall.py"
     code = code_dir(tmp_path, train__py=stall.read_text())
     line_no = next(i for i, line in enumerate(stall.read_text().splitlines(), 1) if "time.sleep(0.1)" in line)
     job = project(CODE_PATH=str(code), HANG_TIMEOUT="5")
@@ -299,6 +299,28 @@ def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_1
         assert "stacks: /app/checkpoints/diagnostics/hang-" in line
     worker = next(log for name, log in job.logs_by_container().items() if "worker" in name)
     assert f'[rank 1]   File "/app/code/train.py", line {line_no} in wait_forever' in worker
+
+
+def test_a_container_slowed_with_docker_update_is_named_a_straggler(image, project, tmp_path):
+    """`docker update --cpus 0.25` on the worker: its rank's own work per step grows, and
+    the master names it once, with both figures."""
+    stall = ROOT / "bench" / "workloads" / "stall.py"
+    job = project(CODE_PATH=str(code_dir(tmp_path, train__py=stall.read_text())), STRAGGLER_WINDOW="5",
+                  TRAIN_ARGS="--stall-step 0 --steps 1000000 --work 128 --step-sleep 0")
+    job.compose("up", "-d", check=True)
+    deadline, shown = time.monotonic() + 240, ""
+    while time.monotonic() < deadline and len(re.findall(r"^\s+[01] \S+\s+[\d.]+\s+[01]\s+\d+\s+\d{3,}",
+                                                        shown, re.M)) < 2:
+        shown = job.compose("exec", "-T", "master", "disttrain", "status").stdout      # both past 100 steps
+        time.sleep(0.5)
+    [worker] = job.containers("worker")
+    docker("update", "--cpus", "0.25", worker["ID"])
+    job.wait_for_log("straggler: rank 1", 90, service="master")
+    master = job.compose("logs", "--no-color", "master").stdout
+    [line] = re.findall(r"entrypoint: straggler: (rank 1 .*)", master)
+    assert re.match(r"rank 1 \(node 1 on \S+\) takes [\d.]+s its own work \(forward and data\) per step, "
+                    r"[\d.]+x the others' median [\d.]+s, for \d+s", line), line
+    assert "straggler: rank 0" not in master
 
 
 # --------------------------------------------------------------------------- Docker Swarm

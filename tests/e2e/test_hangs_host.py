@@ -1,8 +1,8 @@
 """Silent failures on loopback: a rank that stalls, with real collectives, is found within
 HANG_TIMEOUT, named with its stack, and the job ends with 124 (an elastic job goes on
 without the stalled node); a slowed rank is named a straggler; a healthy job with slow
-parts is left alone. No training script is changed for it (tests/e2e/stall.py is plain
-training code that stalls). The container test (test_containers.py) stalls a compose node.
+parts is left alone. No training script is changed for it (bench/workloads/stall.py is
+plain training code that stalls). The container test (test_containers.py) stalls a compose node.
 """
 
 import re
@@ -20,7 +20,7 @@ from tests.e2e.cluster import wait_for
 
 pytestmark = pytest.mark.e2e
 
-STALL = ROOT / "tests" / "e2e" / "stall.py"
+STALL = ROOT / "bench" / "workloads" / "stall.py"
 STALL_LINE = next(i for i, line in enumerate(STALL.read_text().splitlines(), 1) if "time.sleep(0.1)" in line)
 STALLED_AT = f"{STALL}:{STALL_LINE} in wait_forever"
 DETECT = dict(ENTRYPOINT=str(STALL), HANG_TIMEOUT="5", PEER_TIMEOUT="10")

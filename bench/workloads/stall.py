@@ -1,4 +1,5 @@
-"""A training script for the hang and straggler tests: real collectives, one rank stalls.
+"""A training script for the hang and straggler tests and bench/hangs.py: real collectives,
+one rank stalls.
 
     FRAMEWORK=pytorch LAUNCHER=native   DDP (gloo)
     FRAMEWORK=pytorch LAUNCHER=horovod  Horovod's DistributedOptimizer
@@ -10,18 +11,27 @@ STALL_STEP (default 15): at that step the stalling rank waits forever in `wait_f
 while the others go on into the next collective. STALL_STEP=0: nobody stalls.
 HEALTHY=1: nobody stalls, but the first step comes FIRST_S late, rank 0 "saves a
 checkpoint" for SAVE_S at step 10 while the others wait in a barrier, and every rank
-evaluates for EVAL_S at step 20. STEPS (default 40) steps, then 'STALL-SCRIPT done rank=R'.
+evaluates for EVAL_S at step 20. STEPS (default 40) steps, then 'STALL-SCRIPT done rank=R';
+the stalling rank says 'STALL-SCRIPT stalls t=<wall clock>' first.
 """
 
+import argparse
 import os
 import time
 
+# Every setting is a variable, or an argument (--stall-step 0: compose passes arguments, TRAIN_ARGS).
+_settings = argparse.ArgumentParser()
+for _name, _default in (("STEPS", "40"), ("STALL_STEP", "15"), ("WORK", "64"), ("STEP_SLEEP", "0.05")):
+    _settings.add_argument("--" + _name.lower().replace("_", "-"), default=os.environ.get(_name, _default))
+_args, _ = _settings.parse_known_args()
+
 FRAMEWORK = os.environ.get("FRAMEWORK", "pytorch")
 LAUNCHER = os.environ.get("LAUNCHER", "native")
-STEPS = int(os.environ.get("STEPS", "40"))
-STALL_STEP = int(os.environ.get("STALL_STEP", "15"))
+STEPS = int(_args.steps)
+STALL_STEP = int(_args.stall_step)
 HEALTHY = os.environ.get("HEALTHY") == "1"
-WORK = int(os.environ.get("WORK", "64"))            # matrix size: how long a forward pass takes
+WORK = int(_args.work)                              # matrix size: how long a rank's own work takes
+STEP_SLEEP = float(_args.step_sleep)
 
 
 def stalls(rank: int) -> bool:
@@ -34,6 +44,7 @@ def stalls(rank: int) -> bool:
 
 
 def wait_forever():
+    print(f"STALL-SCRIPT stalls t={time.time():.3f}", flush=True)
     while True:
         time.sleep(0.1)
 
@@ -86,7 +97,7 @@ def torch_main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        time.sleep(float(os.environ.get("STEP_SLEEP", "0.05")))
+        time.sleep(STEP_SLEEP)
     print(f"STALL-SCRIPT done rank={rank}", flush=True)
 
 
