@@ -250,10 +250,15 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+# The native frames of a stalled rank's stack (entrypoint/vigil.py), where the container
+# lets it attach; one static binary, the same in every variant.
+PY_SPY = "py-spy==0.4.3"
+
+
 def render_dockerfile(v: Variant) -> str:
     text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
                                                                 runtime_env=runtime_env(v), runtime_apt=runtime_apt(v),
-                                                                torch_extras=v.torch_companions())
+                                                                torch_extras=v.torch_companions(), py_spy=PY_SPY)
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0
     for line in text.splitlines():

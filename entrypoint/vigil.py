@@ -19,8 +19,11 @@ JobWatch (watch.py) runs this for multi-node jobs; LocalWatch here for one node.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .config import Config
@@ -42,6 +45,36 @@ def library_roots() -> tuple[str, ...]:
     here = os.path.dirname(os.path.abspath(__file__))
     roots |= {here, os.path.join(os.path.dirname(here), "disttrain")}
     return tuple(sorted(r.rstrip("/") + "/" for r in roots))
+
+
+NATIVE_TIMEOUT_S = 15.0
+
+
+def native_stacks(pids: list[int]) -> dict[int, tuple[str, str]]:
+    """Each process's native and Python frames from py-spy, where the image has it and the
+    container lets it attach (ptrace and process_vm_readv: Docker's default profile allows
+    both on kernels >= 4.8; elsewhere --cap-add SYS_PTRACE): pid -> (the dump, or '', and
+    why not). Empty without py-spy."""
+    spy = shutil.which("py-spy")
+    if not spy or not pids:
+        return {}
+
+    def dump(pid: int) -> tuple[str, str]:
+        try:
+            run = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                                 timeout=NATIVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return "", f"py-spy did not finish within {NATIVE_TIMEOUT_S:g}s"
+        if run.returncode == 0:
+            return run.stdout, ""
+        why = (run.stderr.strip().splitlines() or ["py-spy failed"])[-1]
+        if "permit" in why.lower() or "ptrace" in why.lower():
+            why += (" (the container must allow ptrace and process_vm_readv, for example --cap-add SYS_PTRACE; "
+                    "the Python stacks need nothing)")
+        return "", why
+
+    with ThreadPoolExecutor(max_workers=min(8, len(pids))) as pool:
+        return dict(zip(pids, pool.map(dump, pids)))
 
 
 def incident_id() -> str:
@@ -78,10 +111,20 @@ class Vigil:
                 self.log.line(f"[{r.name}] {line}")
             text += [head, *lines, ""]
             report["ranks"].append({"progress": r.to_dict(), "where": place.to_dict() if place else None})
+        native = native_stacks([r.pid for r in ranks])
+        for r in ranks:
+            dump, note = native.get(r.pid, ("", ""))
+            text += [f"native stack of {named(r)}, pid {r.pid} (py-spy dump --native):", dump, ""] if dump else []
+        notes = sorted({note for _, note in native.values() if note})
         folder = self.diagnostics_dir(incident)
+        path = os.path.join(folder, f"node{self.node}.txt")
+        if native and any(dump for dump, _ in native.values()):
+            self.log.say(f"native stacks (py-spy) of this node's ranks: in {path}")
+        for note in notes:
+            self.log.say(f"no native stacks: {note}")
         try:
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, f"node{self.node}.txt"), "w") as f:
+            with open(path, "w") as f:
                 f.write("\n".join(text) + "\n")
         except OSError as exc:
             self.log.say(f"could not write the stacks under CHECKPOINT_DIR={self.config.checkpoint_dir}: "

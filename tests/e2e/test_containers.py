@@ -6,6 +6,7 @@ examples/, mounted at /app/code exactly as a user mounts theirs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -299,6 +300,47 @@ def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_1
         assert "stacks: /app/checkpoints/diagnostics/hang-" in line
     worker = next(log for name, log in job.logs_by_container().items() if "worker" in name)
     assert f'[rank 1]   File "/app/code/train.py", line {line_no} in wait_forever' in worker
+
+
+# A container profile that forbids attaching to a process (as stricter runtimes' do): Docker's
+# default profile with ptrace and process_vm_readv refused.
+NO_PTRACE = json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+    {"names": ["ptrace", "process_vm_readv"], "action": "SCMP_ACT_ERRNO"}]})
+
+
+@pytest.mark.parametrize("ptrace", [True, False], ids=["ptrace-allowed", "ptrace-refused"])
+def test_a_stalled_rank_s_native_frames_where_the_container_allows_ptrace(image, tmp_path, ptrace):
+    """`docker run` with two processes, rank 1 stalls. Where the container lets py-spy attach
+    (Docker's default profile here), the diagnostics file holds both ranks' native frames
+    (rank 0 waits in DDP's reducer); where it does not, one line says so, and the Python
+    stacks are there all the same."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    os.chmod(checkpoints, 0o777)                      # the image runs as uid 1000
+    code = code_dir(tmp_path, train__py=(ROOT / "bench" / "workloads" / "stall.py").read_text())
+    container = (DockerContainer(image).with_env("TRAIN_MODE", "local").with_env("NPROC_PER_NODE", "2")
+                 .with_env("HANG_TIMEOUT", "5")
+                 .with_volume_mapping(str(code), "/app/code", "ro")
+                 .with_volume_mapping(str(checkpoints), "/app/checkpoints", "rw"))
+    if not ptrace:
+        container = container.with_kwargs(security_opt=[f"seccomp={NO_PTRACE}"])
+    container.start()
+    try:
+        wrapped = container.get_wrapped_container()
+        status = wrapped.wait(timeout=240)
+        output = wrapped.logs().decode()
+    finally:
+        container.stop()
+    assert status["StatusCode"] == 124, output[-3000:]
+    [saved] = checkpoints.glob("diagnostics/hang-*/node0.txt")
+    text = saved.read_text()
+    assert "in wait_forever" in text and "stack of rank 0" in text
+    if ptrace:
+        assert "native stacks (py-spy) of this node's ranks: in /app/checkpoints/diagnostics/hang-" in output
+        assert "c10d::Reducer::finalize_backward" in text and "native stack of rank 1" in text, text[-3000:]
+    else:
+        assert re.search(r"entrypoint: no native stacks: .*SYS_PTRACE", output), output[-3000:]
+        assert "native stack of" not in text
 
 
 def test_a_container_slowed_with_docker_update_is_named_a_straggler(image, project, tmp_path):
