@@ -86,7 +86,7 @@ class Finishing:
         deadline = time.monotonic() + self.config.grace_period + LEAVE_WAIT_S
         while time.monotonic() < deadline:
             waiting = [k for k in watch.workers() if k not in watch.gone and self.store.exit(k) is None]
-            if not any(not watch.silent(k) for k in waiting):
+            if all(watch.silent(k) for k in waiting):
                 return
             self.store.beat(self.rank)
             time.sleep(CHECK_INTERVAL_S)

@@ -35,7 +35,7 @@ from .stacks import Where, shown, where
 from . import status as job_status
 
 DIAGNOSTICS = "diagnostics"
-STACKS_WAIT_S = 6.0          # how long the decider waits for the other nodes' stacks
+STACKS_WAIT_S = 10.0         # how long the decider waits for the other nodes' stacks (Python, then native)
 
 
 def library_roots() -> tuple[str, ...]:
@@ -47,7 +47,7 @@ def library_roots() -> tuple[str, ...]:
     return tuple(sorted(r.rstrip("/") + "/" for r in roots))
 
 
-NATIVE_TIMEOUT_S = 15.0
+NATIVE_TIMEOUT_S = 5.0          # py-spy, per process (they run side by side)
 
 
 def native_stacks(pids: list[int]) -> dict[int, tuple[str, str]]:

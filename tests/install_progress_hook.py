@@ -6,8 +6,9 @@ importable (the .pth line runs in every Python process of the environment)."""
 import pathlib
 import sysconfig
 
-LINE = ('import sys; exec("try:\\n from disttrain import progress\\n progress.install()\\n'
-        'except ImportError:\\n pass")\n')
+# Nothing is imported unless the entrypoint asked the process for its progress.
+LINE = ('import os; exec("try:\\n from disttrain import progress\\n progress.install()\\n'
+        'except ImportError:\\n pass") if os.environ.get("DISTTRAIN_PROGRESS") else None\n')
 
 if __name__ == "__main__":
     path = pathlib.Path(sysconfig.get_paths()["purelib"], "disttrain-progress.pth")
