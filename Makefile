@@ -49,6 +49,7 @@ mxnet-venv: venv
 	$(PYTHON) -m venv $(MXNET_VENV)
 	$(MXNET_VENV)/bin/python -m pip install -q $(if $(BUILD_WHEELHOUSE),--find-links $(BUILD_WHEELHOUSE)) -r build/$(MXNET_VARIANT)/requirements/runtime.txt
 	$(MXNET_VENV)/bin/python -m pip install -q --no-deps --force-reinstall $(MXNET_WHEELS)/*.whl
+	$(MXNET_VENV)/bin/python tests/install_progress_hook.py
 
 test: frameworks
 	TEST_IMAGE=$(IMAGE) TEST_VARIANT=$(VARIANT) PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ one rank stalls.
     FRAMEWORK=pytorch LAUNCHER=horovod  Horovod's DistributedOptimizer
     FRAMEWORK=tensorflow LAUNCHER=native  MultiWorkerMirroredStrategy, Keras fit
     FRAMEWORK=keras LAUNCHER=horovod    horovod.tensorflow.keras, Keras fit
+    FRAMEWORK=mxnet LAUNCHER=native     Gluon on MXNet's parameter servers (dist_sync)
 
 STALL_STEP (default 15): at that step the stalling rank waits forever in `wait_forever`
 (STALL_RANK, default 1; or the local rank 0 of the node whose NODE_ADDR is STALL_ADDR),
@@ -144,5 +145,28 @@ def keras_main():
     print(f"STALL-SCRIPT done rank={rank}", flush=True)
 
 
+def mxnet_main():
+    import mxnet as mx
+    from mxnet import autograd, gluon, nd
+
+    kv = mx.kv.create("dist_sync" if os.environ.get("DMLC_ROLE") == "worker" else "local")
+    rank = kv.rank
+    net = gluon.nn.Dense(1, in_units=WORK)
+    net.initialize(mx.init.Constant(0.01))
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv,
+                            update_on_kvstore=True if kv.type.startswith("dist") else None)
+    x, y = nd.random.uniform(shape=(32, WORK)), nd.random.uniform(shape=(32, 1))
+    for step in range(1, STEPS + 1):
+        if step == STALL_STEP and stalls(rank):
+            wait_forever()
+        with autograd.record():
+            loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        trainer.step(32)
+        loss.asscalar()                      # wait for this step's update (the servers' reply)
+        time.sleep(STEP_SLEEP)
+    print(f"STALL-SCRIPT done rank={rank}", flush=True)
+
+
 if __name__ == "__main__":
-    torch_main() if FRAMEWORK == "pytorch" else keras_main()
+    {"pytorch": torch_main, "mxnet": mxnet_main}.get(FRAMEWORK, keras_main)()

@@ -30,6 +30,17 @@ def assert_replicas_agree(output: str, world: int) -> None:
     assert all(r.after < 0.5 * r.before for r in found), found
 
 
+def run_to_end(container: DockerContainer, timeout: float) -> tuple[int, str]:
+    """Start the container, wait for it to exit; its exit code and output. Removed either way."""
+    container.start()
+    try:
+        wrapped = container.get_wrapped_container()
+        status = wrapped.wait(timeout=timeout)
+        return status["StatusCode"], wrapped.logs().decode()
+    finally:
+        container.stop()
+
+
 @pytest.mark.parametrize("launcher", ["native", "horovod"])
 def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, launcher):
     """One container, two processes. LAUNCHER=horovod on one CPU node runs Horovod's MPI
@@ -44,14 +55,8 @@ def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, l
                  .with_volume_mapping(str(ROOT / "examples"), "/app/code", "ro")
                  .with_volume_mapping(str(checkpoints), "/app/checkpoints", "rw")
                  .with_command("--steps 40 --checkpoint-every 1000"))
-    container.start()
-    try:
-        wrapped = container.get_wrapped_container()
-        status = wrapped.wait(timeout=300)
-        output = wrapped.logs().decode()
-    finally:
-        container.stop()
-    assert status["StatusCode"] == 0, output[-3000:]
+    code, output = run_to_end(container, timeout=300)
+    assert code == 0, output[-3000:]
     if launcher == "horovod":
         assert "LAUNCHER=horovod (Horovod over MPI: Open MPI shared memory)" in output, output[:3000]
     assert_replicas_agree(output, 2)
@@ -324,14 +329,8 @@ def test_a_stalled_rank_s_native_frames_where_the_container_allows_ptrace(image,
                  .with_volume_mapping(str(checkpoints), "/app/checkpoints", "rw"))
     if not ptrace:
         container = container.with_kwargs(security_opt=[f"seccomp={NO_PTRACE}"])
-    container.start()
-    try:
-        wrapped = container.get_wrapped_container()
-        status = wrapped.wait(timeout=240)
-        output = wrapped.logs().decode()
-    finally:
-        container.stop()
-    assert status["StatusCode"] == 124, output[-3000:]
+    code, output = run_to_end(container, timeout=240)
+    assert code == 124, output[-3000:]
     [saved] = checkpoints.glob("diagnostics/hang-*/node0.txt")
     text = saved.read_text()
     assert "in wait_forever" in text and "stack of rank 0" in text

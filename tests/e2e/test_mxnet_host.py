@@ -75,3 +75,18 @@ def test_killed_worker_ends_every_process_within_30s(jobs, launcher):
     code = master.wait(timeout=60)
     assert code != 0
     assert time.monotonic() - killed_at < 30, master.output[-3000:]
+
+
+def test_a_stalled_mxnet_worker_is_named_and_the_job_ends_with_124(jobs, tmp_path):
+    """Parameter servers (dist_sync), 1 node x 2 workers: worker 1 stops at step 15 while
+    worker 0 waits for the servers' reply; progress comes from Gluon's Trainer.step
+    (disttrain/progress.py), the line names worker 1 and its frame."""
+    stall = ROOT / "bench" / "workloads" / "stall.py"
+    line_no = next(i for i, line in enumerate(stall.read_text().splitlines(), 1) if "time.sleep(0.1)" in line)
+    codes, output = jobs.run(1, [], timeout=150, python=PYTHON, FRAMEWORK="mxnet", NPROC_PER_NODE=2,
+                             ENTRYPOINT=str(stall), HANG_TIMEOUT="5")
+    assert codes == [124], output[-4000:]
+    [line] = re.findall(r"^entrypoint: stopping: (no progress for .*)$", output, re.M)
+    assert f"rank 1 (node 0 on " in line and f"stalled after step 14: it is at {stall}:{line_no} in wait_forever" \
+        in line, line
+    assert re.search(r"rank 0 \(node 0 on \S+\) waits in MXNet", line), line
