@@ -362,6 +362,12 @@ def test_a_container_slowed_with_docker_update_is_named_a_straggler(image, proje
     assert re.match(r"rank 1 \(node 1 on \S+\) takes [\d.]+s its own work \(forward and data\) per step, "
                     r"[\d.]+x the others' median [\d.]+s, for \d+s", line), line
     assert "straggler: rank 0" not in master
+    # The status, from the master: in `disttrain status`, and in its log on SIGUSR1 (tini -g passes it on).
+    shown = job.compose("exec", "-T", "master", "disttrain", "status").stdout
+    assert "behind: rank 1 (node 1 on" in shown, shown
+    [master_container] = job.containers("master")
+    docker("kill", "-s", "USR1", master_container["ID"])
+    job.wait_for_log("entrypoint: job as node 0 (master) saw it", 20, service="master")
 
 
 # --------------------------------------------------------------------------- Docker Swarm
