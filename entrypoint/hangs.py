@@ -101,6 +101,7 @@ class Stragglers:
         self.factor, self.window_s = factor, window_s
         self._behind_since: dict[tuple[int, int], float] = {}
         self._reported: tuple[tuple[int, int], ...] = ()
+        self.behind: str | None = None           # who is behind now, as the last line said (None: nobody)
 
     def observe(self, ranks: list[RankProgress], now: float) -> str | None:
         if self.factor <= 0:
@@ -125,7 +126,9 @@ class Stragglers:
         self._reported = reported
         what = "its own work (forward and data) per step" if compute else "per step"
         if not behind:
+            self.behind = None
             return f"straggler: none now ({len(was)} rank(s) caught up)"
-        return "straggler: " + "; ".join(
+        self.behind = "; ".join(
             f"{named(r)} takes {figure:.3f}s {what}, {figure / medians[key(r)]:.1f}x the others' median "
             f"{medians[key(r)]:.3f}s, for {now - self._behind_since[key(r)]:.0f}s" for r, figure in behind)
+        return f"straggler: {self.behind}"

@@ -11,6 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from disttrain.progress import Progress
+
+WRITER = Progress._write_every_second.__name__       # the image's progress thread: not the rank's work
+
 FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 
@@ -84,7 +88,7 @@ def threads(dump: str) -> list[tuple[bool, list[Frame]]]:
 
 def main_thread(dump: str) -> list[Frame]:
     candidates = [(current, frames) for current, frames in threads(dump)
-                  if frames and not any(f.func == "_write_every_second" for f in frames)]
+                  if frames and not any(f.func == WRITER for f in frames)]
     scripts = [frames for _, frames in candidates if any(f.func == "<module>" for f in frames)]
     if scripts:
         return scripts[0]
@@ -121,7 +125,7 @@ def shown(dump: str) -> list[str]:
         if THREAD_RE.match(line.strip()):
             skipping = False
             block_start = len(lines)
-        if "_write_every_second" in line:
+        if WRITER in line:
             skipping = True
             del lines[block_start:]
         if not skipping and line.strip():

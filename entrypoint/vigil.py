@@ -146,7 +146,6 @@ class Decider:
     def __init__(self, config: Config, log: Log, vigil: Vigil, role: str):
         self.config, self.log, self.vigil, self.role = config, log, vigil, role
         self.stragglers = Stragglers(config.straggler_factor, config.straggler_window)
-        self.behind: str | None = None
         self.status_path = job_status.default_path()
         self._last_incident: float | None = None
         self.incident: Incident | None = None
@@ -157,7 +156,6 @@ class Decider:
         line = self.stragglers.observe(ranks, now)
         if line:
             self.log.say(line)
-            self.behind = None if "none now" in line else line.removeprefix("straggler: ")
         job_status.write(self.status_path, self.snapshot(ranks, heartbeat_ages))
         if self.incident is not None:
             return []
@@ -165,7 +163,7 @@ class Decider:
         return past_timeout(ranks, self.config.hang_timeout, quiet)
 
     def snapshot(self, ranks, heartbeat_ages) -> dict:
-        return job_status.snapshot(self.role, self.vigil.node, ranks, heartbeat_ages, self.behind,
+        return job_status.snapshot(self.role, self.vigil.node, ranks, heartbeat_ages, self.stragglers.behind,
                                    self.config.hang_timeout)
 
     def show_status(self) -> None:
