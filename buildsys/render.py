@@ -133,6 +133,7 @@ def labels(v: Variant) -> list[tuple[str, str]]:
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
     runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
+               "cryptography>=42",            # JOB_SECRET: the control plane's TLS identity (entrypoint/secret.py)
                compat.numpy_requirement(v)]  # torch >= 2.6 no longer depends on it; training code does
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:

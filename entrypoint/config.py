@@ -145,6 +145,16 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Secret:
+    """A secret: taken as given (surrounding blanks aside) and never shown in an error;
+    secret.py checks it is at least `low` characters long (JOB_SECRET_FILE's too)."""
+    low: int = 16
+
+    def parse(self, name: str, text: str, image: Image) -> str:
+        return text.strip()
+
+
+@dataclass(frozen=True)
 class PassThrough:
     """A variable of a framework or library, given to the processes as the user set it; the
     plan reads it (it decides a default or a choice) but does not validate it."""
@@ -243,6 +253,14 @@ VARIABLES = (
     Var("STRAGGLER_WINDOW", Int(1), "60", 'seconds a rank must stay behind before it is named a straggler'),
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
         'rendezvous id, the same on every node of a job'),
+    Var("JOB_SECRET", Secret(), None,
+        "the job's shared secret, at least 16 characters, the same on every node: the job store "
+        "and torchrun's rendezvous then take only TLS connections from nodes that hold it; "
+        "default: none (anyone who reaches `MASTER_PORT` can join, stop or run code in the job; "
+        "docs/security.md)"),
+    Var("JOB_SECRET_FILE", Text(), None,
+        'a file holding `JOB_SECRET` (compose and Swarm `secrets:`, a Kubernetes Secret volume); '
+        'set one of the two'),
     Var("HOROVOD_PORT", PORT, None, 
         "master only: Horovod's rendezvous server (workers learn it at rendezvous); default: "
         '`MASTER_PORT`+1'),
@@ -340,6 +358,8 @@ class Config:
     hang_timeout: int = 300
     straggler_factor: float = 1.5
     straggler_window: int = 60
+    job_secret: str | None = field(default=None, repr=False)   # read through secret.read_secret
+    job_secret_file: str | None = None
     script_args: tuple[str, ...] = ()
     nccl_env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)   # variable -> where its value came from

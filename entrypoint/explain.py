@@ -33,6 +33,17 @@ def watches(c) -> str:
     return f"{hang}; {slow}"
 
 
+def control_plane(plan: NodePlan) -> str:
+    """Who can talk to the job's control plane (docs/security.md)."""
+    c = plan.config
+    if c.job_secret is None and c.job_secret_file is None:
+        return "open: no JOB_SECRET, anyone who reaches MASTER_PORT can join, stop or run code in the job"
+    source = "JOB_SECRET_FILE" if c.job_secret_file else "JOB_SECRET"
+    still_open = plan.launcher.open_despite_secret()
+    return (f"TLS with {source}: the job store and torchrun's rendezvous take only this job's nodes"
+            + (f"; not covered: {'; '.join(still_open)}" if still_open else ""))
+
+
 def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:
     c = plan.config
     lines = [f"disttrain launch plan ({plan.mode})",
@@ -51,6 +62,7 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]
         lines.append(f"  rendezvous:  job store {r.endpoint}; this node serves: {', '.join(serves) or 'nothing'}; "
                      f"address exchange: {'yes' if r.exchange else 'no'}; timeout {r.timeout}s")
+        lines.append(f"  control:     {control_plane(plan)}")
     for source, value in sorted(c.sources.items()):
         lines.append(f"  from scheduler: {source} <- {value}")
     for warning in plan.warnings:

@@ -27,6 +27,11 @@ torchrun. Under the prefix `disttrain/<RUN_ID>/`:
 
 This module only reads and writes those keys; joining (join.py) and watching (watch.py)
 decide what they mean. Every method raises StoreGone once the store cannot be reached.
+
+With JOB_SECRET (an `Identity`), the master serves the store on loopback behind a TLS Gate
+on MASTER_PORT, and every other node reaches it through its own Tunnel (tunnel.py);
+`local_endpoint` is where this node's clients (torch's agent, the training processes) find
+it then.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import uuid
 
 from .outcome import Outcome
 from .placement import NodeInfo, job_prefix
+from .tunnel import Answer, Gate, Tunnel, handshake
 
 
 # A worker usually starts before its master's store serves: a probe is cheap (DNS, then a
@@ -79,13 +85,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 class JobStore:
-    def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float, op_timeout_s: float):
+    def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float, op_timeout_s: float,
+                 identity=None, say=print):
         """timeout_s: how long to look for the master (RDZV_TIMEOUT); op_timeout_s: how long
         one operation may wait for its reply before the store counts as gone (PEER_TIMEOUT).
         TCPStore's own timeout does not bound a client's reads (torch 2.13: against a frozen
         server, add/check/get/set block for good), so operations run on a thread of their
-        own and each is waited for at most op_timeout_s."""
+        own and each is waited for at most op_timeout_s. `identity` (secret.Identity): the
+        job's secret, for TLS; `say`: where the Gate reports refused peers."""
         self.host, self.port, self.serve = host, port, serve
+        self.identity, self.say = identity, say
+        self.gate: Gate | None = None
+        self.tunnel: Tunnel | None = None
+        self._backend_port: int | None = None
+        self._listener: socket.socket | None = None
         self.endpoint = f"{host}:{port}"
         self.prefix = job_prefix(run_id)
         self.timeout_s, self.op_timeout_s = timeout_s, op_timeout_s
@@ -95,34 +108,91 @@ class JobStore:
         threading.Thread(target=self._serve_ops, daemon=True, name="jobstore").start()
 
     # ----------------------------------------------------------------- connecting
-    def connect(self, deadline: float, cancelled=lambda: False) -> None:
-        from torch.distributed import TCPStore
-
+    @property
+    def local_endpoint(self) -> str:
+        """host:port where this node's own clients reach the store."""
+        if self.identity is None:
+            return self.endpoint
         if self.serve:
-            try:
-                self.store = TCPStore("0.0.0.0", self.port, is_master=True, wait_for_workers=False,
-                                      timeout=dt.timedelta(seconds=self.timeout_s))
-            except RuntimeError as exc:
-                raise RendezvousError(f"cannot serve the job store on port {self.port} (MASTER_PORT): "
-                                      f"{_first_line(exc)}") from None
+            return f"127.0.0.1:{self._backend_port}"
+        return self.tunnel.endpoint
+
+    def connect(self, deadline: float, cancelled=lambda: False) -> None:
+        if self.serve:
+            self._serve()
             return
+        if self.identity is not None and self.tunnel is None:
+            self.tunnel = Tunnel(self.host, self.port, self.identity.client_context()).start()
         last = "no attempt"
         while time.monotonic() < deadline and not cancelled():
-            # Probe quietly first (DNS, then TCP): TCPStore logs every failed attempt with a
-            # C++ stack trace, and a worker routinely starts before its master.
-            last = probe(self.host, self.port)
+            # Probe quietly first (DNS, then TCP; with a secret, the TLS handshake): TCPStore
+            # logs every failed attempt with a C++ stack trace, and a worker routinely starts
+            # before its master.
+            last = self._probe()
             if last is None:
+                host, port = self.local_endpoint.rsplit(":", 1)
                 try:
-                    self.store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                          timeout=dt.timedelta(seconds=max(5.0, self.op_timeout_s)))
+                    self.store = self._client(host, int(port))
                     return
                 except (RuntimeError, ValueError) as exc:
                     last = _first_line(exc)
+                    if self.identity is None and handshake(self.host, self.port, None).answer is Answer.TLS:
+                        raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} takes only "
+                                              f"nodes that hold its JOB_SECRET, and this node has none; set the "
+                                              f"same JOB_SECRET (or JOB_SECRET_FILE) on every node") from None
             time.sleep(CONNECT_RETRY_S)
         if cancelled():
             return
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
                               f"(is the master running and the port reachable?); last error: {last}")
+
+    def _client(self, host: str, port: int):
+        from torch.distributed import TCPStore
+
+        return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                        timeout=dt.timedelta(seconds=max(5.0, self.op_timeout_s)))
+
+    def _probe(self) -> str | None:
+        """None when the master's store can be talked to now, else why not (still to be retried)."""
+        if self.identity is None:
+            return probe(self.host, self.port)
+        found = handshake(self.host, self.port, self.identity.client_context())
+        if found.answer is Answer.WRONG_SECRET:
+            raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} holds a different "
+                                  f"JOB_SECRET (its TLS certificate is not this job's); give every node the same "
+                                  f"secret")
+        if found.answer is Answer.NO_TLS:
+            raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} takes no TLS: it runs "
+                                  f"without JOB_SECRET ({found.detail}); set the same JOB_SECRET on every node, "
+                                  f"or on none")
+        return None if found.answer is Answer.IN else found.detail
+
+    def _serve(self) -> None:
+        from torch.distributed import TCPStore
+
+        options = dict(is_master=True, wait_for_workers=False, timeout=dt.timedelta(seconds=self.timeout_s))
+        try:
+            if self.identity is None:
+                self.store = TCPStore("0.0.0.0", self.port, **options)
+                return
+            # The store listens on loopback only (a socket bound here, handed to TCPStore);
+            # MASTER_PORT is the Gate's.
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(512)
+            self._backend_port = listener.getsockname()[1]
+            self.store = TCPStore("127.0.0.1", self._backend_port, master_listen_fd=listener.fileno(), **options)
+            self._listener = listener                  # TCPStore uses the fd: keep the socket open
+            self.gate = Gate(self.port, self._backend_port, self.identity.server_context(), self.say).start()
+        except (RuntimeError, OSError) as exc:
+            raise RendezvousError(f"cannot serve the job store on port {self.port} (MASTER_PORT): "
+                                  f"{_first_line(exc) if isinstance(exc, RuntimeError) else exc}") from None
+
+    def close(self) -> None:
+        """Stop serving (the Gate) and tunnelling; the store itself goes with the process."""
+        for server in (self.gate, self.tunnel):
+            if server is not None:
+                server.stop()
 
     def disconnect(self) -> None:
         """Drop the client connection (a later connect() makes a new one, to whichever

@@ -25,6 +25,7 @@ from .placement import NodeInfo, Placement
 from .plan import NodePlan
 from .signals import Signals
 from .progress import ProgressFolder
+from .secret import Identity
 from .vigil import LocalWatch, Vigil
 from .watch import JobWatch, stop_outcome
 
@@ -72,12 +73,13 @@ class _Stopped(Exception):
 class Job:
     """This node's membership of a multi-node job."""
 
-    def __init__(self, plan: NodePlan, log: Log, signals: Signals):
+    def __init__(self, plan: NodePlan, log: Log, signals: Signals, identity: Identity | None = None):
+        """`identity`: the job's secret (secret.py), or None for an open control plane."""
         c = plan.config
         self.plan, self.config, self.log, self.signals = plan, c, log, signals
         self.master = c.role == "master"
         self.store = JobStore(c.master_addr, c.master_port, c.run_id, serve=self.master, timeout_s=c.rdzv_timeout,
-                              op_timeout_s=c.peer_timeout)
+                              op_timeout_s=c.peer_timeout, identity=identity, say=log.say)
         self.node_rank: int | None = None
         self.server = None                   # what the launcher serves on the master (Launcher.serve)
 
@@ -87,6 +89,7 @@ class Job:
     def __exit__(self, *exc) -> None:
         if self.server:
             self.server.stop()
+        self.store.close()
 
     # ----------------------------------------------------------------- joining
     def join(self) -> JoinedJob:
@@ -126,7 +129,15 @@ class Job:
         if not self.master and hardware.resolve(c.master_addr) is None:
             self.log.say(f"WARNING: MASTER_ADDR={c.master_addr!r} does not resolve (yet); retrying for up to "
                          f"RDZV_TIMEOUT={c.rdzv_timeout}s")
-        self.log.say(f"{'serving' if self.master else 'joining'} the job store at {store.endpoint}")
+        tls = " (TLS, JOB_SECRET)" if store.identity else ""
+        self.log.say(f"{'serving' if self.master else 'joining'} the job store at {store.endpoint}{tls}")
+        if self.master and store.identity is None:
+            self.log.say(f"WARNING: no JOB_SECRET: anyone who can reach MASTER_PORT={c.master_port} can join, stop or "
+                         f"run code in this job; set JOB_SECRET (or JOB_SECRET_FILE) on every node "
+                         f"(docs/security.md)")
+        elif self.master:
+            for what in launcher.open_despite_secret():
+                self.log.say(f"WARNING: JOB_SECRET does not cover {what}")
         self._connect(deadline)
         node_rank = self.node_rank = self._claim_rank()
         master_ip = hardware.resolve(c.master_addr)
@@ -148,7 +159,8 @@ class Job:
                      f"{launcher.nproc} process(es)")
         nodes, server_port, torch_port, launch_env = self._meet(me, deadline)
         return Placement(node_rank, nodes, iface=where.iface, master_port=torch_port or c.master_port,
-                         horovod_addr=c.master_addr, horovod_port=server_port, launch_env=launch_env)
+                         horovod_addr=c.master_addr, horovod_port=server_port, launch_env=launch_env,
+                         store_endpoint=store.local_endpoint)
 
     def _meet(self, me: NodeInfo, deadline: float):
         """The launcher's part of joining: the other nodes' addresses when it exchanges them,

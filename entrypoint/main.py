@@ -31,6 +31,7 @@ from .log import Log
 from .outcome import Outcome
 from .plan import NodePlan, command_env, plan_from_env, plan_processes
 from .progress import ProgressFolder
+from .secret import Identity, read_secret
 from .signals import Signals
 
 EXIT_BAD_INPUT = 2
@@ -63,13 +64,22 @@ def check_script(plan: NodePlan) -> None:
         raise ConfigError(f"ENTRYPOINT={path!r}: not a .py file and not executable")
 
 
+def job_identity(plan: NodePlan) -> Identity | None:
+    """The job's TLS identity from JOB_SECRET or JOB_SECRET_FILE (None: no secret). The
+    secret leaves this process's environment, so no training process inherits it."""
+    secret = read_secret(plan.config)
+    os.environ.pop("JOB_SECRET", None)
+    return Identity.derive(secret) if secret is not None else None
+
+
 # --------------------------------------------------------------------------- running
 
-def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
+def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None = None) -> Outcome:
     """Join the job (or, locally, nothing to join), run this node's processes with the
-    launcher's runner, and finish together with the other nodes."""
+    launcher's runner, and finish together with the other nodes. `identity`: the job's
+    secret (JOB_SECRET), for its control plane."""
     signals = Signals().install()
-    job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals)
+    job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals, identity)
     c = plan.config
     # The processes report their steps here (vigil.py), unless both detections are off.
     progress = ProgressFolder() if c.hang_timeout or c.straggler_factor else None
@@ -81,6 +91,9 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log) -> Outcome:
             joined = dataclasses.replace(job.join(), progress=progress)
         except NotJoined as exc:
             return exc.outcome
+        store = joined.placement.store_endpoint
+        if store and "DISTTRAIN_JOB_STORE" in plan.env:     # behind JOB_SECRET: this node's tunnel
+            plan = dataclasses.replace(plan, env={**plan.env, "DISTTRAIN_JOB_STORE": store})
         try:
             runner = plan.launcher.runner(plan, joined, env, log, signals)
             return finish_together(runner.watch, runner.run())
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = build_plan(env, args)
         if not (dry_run or plan.config.explain):
             check_script(plan)
+        identity = job_identity(plan)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT
@@ -144,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return plan.launcher.runner(plan, JoinedJob(assumed_placement(plan)), env, log, None).run()
     started = time.monotonic()
     try:
-        outcome = run_node(plan, env, log)
+        outcome = run_node(plan, {k: v for k, v in env.items() if k != "JOB_SECRET"}, log, identity)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT

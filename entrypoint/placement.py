@@ -40,6 +40,7 @@ class Placement:
     horovod_addr: str | None = None      # the launcher's server on the master (Horovod's rendezvous)
     horovod_port: int | None = None
     launch_env: tuple[dict[str, str], ...] = ()   # the master's per-rank variables (Launcher.launch_env)
+    store_endpoint: str | None = None    # host:port where this node's processes reach the job store
 
     @property
     def me(self) -> NodeInfo | None:

@@ -104,6 +104,11 @@ class Launcher:
     def dry_run_notes(self) -> list[str]:
         return []
 
+    def open_despite_secret(self) -> list[str]:
+        """What this launcher serves for its processes' coordination that JOB_SECRET does not
+        put behind TLS (the job store and torchrun's rendezvous always are; docs/security.md)."""
+        return []
+
     # ----------------------------------------------------------------- running
     def serve(self, plan, nodes: list[NodeInfo], store: JobStore | None, log: Log) -> Server | None:
         """On the master (or the one local node), once the nodes are known."""

@@ -88,7 +88,7 @@ def launch_config(launch: TorchrunLaunch, python: str, grace_period: float):
     return config, program, args
 
 
-def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
+def _in_node_rank_order(handler, node_rank: int, local_addr: str | None, workers_store: str | None = None):
     """torch's c10d rendezvous handler, with this node's group rank replaced by its rank in
     the job store (fixed-size jobs): global ranks then follow node ranks, and rank 0 runs on
     the master, as under the other launchers. c10d numbers the nodes by their sorted
@@ -98,7 +98,11 @@ def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
     Where torch does not share its rendezvous store with the workers (restarts enabled:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE), global rank 0's process serves their store at
     MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
-    under keys of our own in the round's store."""
+    under keys of our own in the round's store.
+
+    `workers_store` (behind JOB_SECRET): the workers' store is the job store, through this
+    node's tunnel, as the agent's store is shared in torch's default (the workers connect as
+    clients; torch serves no store of its own)."""
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
     from torch.distributed.elastic.utils.distributed import get_free_port
 
@@ -106,7 +110,10 @@ def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
         def next_rendezvous(self):
             info = handler.next_rendezvous()
             bootstrap = info.bootstrap_store_info
-            if not handler.use_agent_store:
+            if workers_store:
+                host, port = workers_store.rsplit(":", 1)
+                bootstrap = RendezvousStoreInfo(host, int(port))
+            elif not handler.use_agent_store:
                 store = info.store
                 if node_rank == 0:
                     store.set("disttrain/master_addr", local_addr or bootstrap.master_addr)
@@ -117,7 +124,7 @@ def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
 
         @property
         def use_agent_store(self) -> bool:
-            return handler.use_agent_store
+            return bool(workers_store) or handler.use_agent_store
 
         def get_backend(self):
             return handler.get_backend()
@@ -140,7 +147,7 @@ def _in_node_rank_order(handler, node_rank: int, local_addr: str | None):
     return InNodeRankOrder()
 
 
-def _agent(config, program, args, stop: dict, node_rank: int | None = None):
+def _agent(config, program, args, stop: dict, node_rank: int | None = None, workers_store: str | None = None):
     """torch's LocalElasticAgent as launch_agent makes it (torch.distributed.launcher.api),
     checking `stop` each time it checks its workers; with `node_rank` (fixed-size jobs), its
     nodes in node-rank order."""
@@ -164,7 +171,7 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None):
                                   local_addr=config.local_addr, **config.rdzv_configs)
     handler = rdzv_registry.get_rendezvous_handler(params)
     if node_rank is not None:
-        handler = _in_node_rank_order(handler, node_rank, config.local_addr)
+        handler = _in_node_rank_order(handler, node_rank, config.local_addr, workers_store)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
                       rdzv_handler=handler, max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
@@ -223,7 +230,8 @@ class InProcessTorchrun:
 
     def _run_agent(self, config, program, args) -> None:
         try:
-            agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank)
+            agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank,
+                                                     self.launch.workers_store)
             stopped = False
             try:
                 result = agent.run()

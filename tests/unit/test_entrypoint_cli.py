@@ -31,6 +31,9 @@ BAD = [
     {"RDZV_TIMEOUT": "-5"},
     {"COMM_DEBUG": "verbose"},
     {"PET_NNODES": "2", "NUM_NODES": "3"},
+    {"JOB_SECRET": "too-short"},
+    {"JOB_SECRET_FILE": "/nonexistent/job_secret"},
+    {"JOB_SECRET_FILE": "/dev/null"},
 ]
 
 

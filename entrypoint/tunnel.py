@@ -1,0 +1,254 @@
+"""TLS in front of the master's control plane, for programs that speak plain TCP.
+
+torch's TCPStore (the job store, torchrun's rendezvous) has no TLS of its own. With
+JOB_SECRET, the master serves it on loopback only and puts a `Gate` on MASTER_PORT: a TLS
+server (secret.Identity) that relays each authenticated connection to it. Every node runs a
+`Tunnel`: a loopback listener whose connections it carries to the Gate over TLS, so the
+store's clients on that node (the entrypoint, torch's agent, the training processes) connect
+to 127.0.0.1:<tunnel port> as to any store. A peer without the secret never gets past the
+handshake: nothing it sends reaches the store. The Gate logs one line per refused peer
+address (then at most one a minute for it, with the count).
+
+`handshake()` is the workers' probe: it tells "not up yet" from "the master's secret differs"
+and "the master takes no TLS", so a node that cannot get in says why at once.
+
+Both run on one asyncio loop in a daemon thread (`_loop()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import socket
+import ssl
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+HANDSHAKE_TIMEOUT_S = 10.0
+REFUSAL_QUIET_S = 60.0         # one refusal line per peer address per minute
+CHUNK = 1 << 16
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+_TASKS: set = set()            # asyncio keeps only weak references to tasks: the live ones are held here
+
+
+def _spawn(coro) -> None:
+    task = asyncio.ensure_future(coro)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """The process's one loop for gates and tunnels, on a daemon thread."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True, name="tls-relay").start()
+            _LOOP = loop
+        return _LOOP
+
+
+def _run(coro, timeout: float | None = None):
+    future: Future = asyncio.run_coroutine_threadsafe(coro, _loop())
+    return future.result(timeout)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError, ssl.SSLError):
+        pass
+
+
+async def _relay(a: tuple, b: tuple) -> None:
+    """Carry bytes both ways until either side closes; then close both."""
+    (ra, wa), (rb, wb) = a, b
+    tasks = [asyncio.ensure_future(_pipe(ra, wb)), asyncio.ensure_future(_pipe(rb, wa))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for w in (wa, wb):
+            w.close()
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """Why a peer's handshake failed, in words (server side)."""
+    reason = (getattr(exc, "reason", None) or "").upper()
+    if isinstance(exc, ssl.SSLCertVerificationError) or any(
+            r in reason for r in ("UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN", "DECRYPT")):
+        return "its certificate is not this job's (a different JOB_SECRET)"
+    if "DID_NOT_RETURN_A_CERTIFICATE" in reason or "CERTIFICATE_REQUIRED" in reason:
+        return "it presented no certificate (no JOB_SECRET)"
+    if isinstance(exc, ssl.SSLError):
+        return f"it does not speak TLS (no JOB_SECRET; {reason or type(exc).__name__})"
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:.0f}s"
+    return f"the handshake failed ({type(exc).__name__}: {exc})"
+
+
+class Refusals:
+    """One line per refused address and reason, then at most one per REFUSAL_QUIET_S with the count."""
+
+    def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
+        self.say, self.quiet_s = say, quiet_s
+        self._last: dict[tuple, float] = {}
+        self._held: dict[tuple, int] = {}
+        self.count = 0
+
+    def refused(self, addr: str, why: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.count += 1
+        key = (addr, why.split(" (")[0])
+        last = self._last.get(key)
+        if last is not None and now - last < self.quiet_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        held = self._held.pop(key, 0)
+        more = f" (and {held} more like it since the last line)" if held else ""
+        self._last[key] = now
+        self.say(f"refused a connection from {addr} to the job's control plane: {why}{more}")
+
+
+class Gate:
+    """TLS on `port` (every interface) -> plain TCP on 127.0.0.1:`backend_port`."""
+
+    def __init__(self, port: int, backend_port: int, context: ssl.SSLContext, say: Callable[[str], None],
+                 host: str = "0.0.0.0"):
+        self.port, self.backend_port, self.context, self.host = port, backend_port, context, host
+        self.refusals = Refusals(say)
+        self._server: asyncio.base_events.Server | None = None
+
+    def start(self) -> "Gate":
+        """Raises OSError when the port cannot be served."""
+        gate = self
+
+        class Held(asyncio.Protocol):
+            """A fresh connection, not read from until its TLS handshake takes it over."""
+            def connection_made(self, transport):
+                transport.pause_reading()
+                _spawn(gate._on_peer(transport))
+
+        async def serve():
+            return await asyncio.get_running_loop().create_server(Held, self.host, self.port, reuse_address=True)
+        self._server = _run(serve(), 10)
+        return self
+
+    async def _on_peer(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        addr = peer[0] if peer else "?"
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            tls = await loop.start_tls(transport, protocol, self.context, server_side=True,
+                                       ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except (ConnectionResetError, EOFError):
+            # Closed before saying anything: a port probe (a health check, a worker without
+            # a secret testing whether the port is up). Nothing reached the store; not logged.
+            transport.abort()
+            return
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+            self.refusals.refused(addr, refusal_reason(exc))
+            transport.abort()
+            return
+        protocol.connection_made(tls)
+        writer = asyncio.StreamWriter(tls, protocol, reader, loop)
+        try:
+            backend = await asyncio.open_connection("127.0.0.1", self.backend_port)
+        except OSError:
+            writer.close()
+            return
+        await _relay((reader, writer), backend)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            _loop().call_soon_threadsafe(server.close)
+
+
+class Tunnel:
+    """127.0.0.1:<port> (chosen free) -> TLS to host:port."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext):
+        self.host, self.remote_port, self.context = host, port, context
+        self.port: int | None = None
+        self._server = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "Tunnel":
+        async def serve():
+            return await asyncio.start_server(lambda r, w: _spawn(self._on_local(r, w)), "127.0.0.1", 0)
+        self._server = _run(serve(), 10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _on_local(self, reader, writer) -> None:
+        try:
+            remote = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.remote_port, ssl=self.context, server_hostname=self.host),
+                HANDSHAKE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError):
+            writer.transport.abort()
+            return
+        await _relay((reader, writer), remote)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            _loop().call_soon_threadsafe(server.close)
+
+
+class Answer(enum.Enum):
+    IN = "in"                       # a TLS session with this job's identity
+    DOWN = "down"                   # nothing to talk to (yet): no route, refused, no name
+    WRONG_SECRET = "wrong secret"   # TLS, with another job's certificate
+    NO_TLS = "no tls"               # something answers, but not with TLS (a master without JOB_SECRET)
+    TLS = "tls"                     # (probing without a secret) the master takes TLS only
+
+
+@dataclass(frozen=True)
+class Probe:
+    answer: Answer
+    detail: str = ""
+
+
+def handshake(host: str, port: int, context: ssl.SSLContext | None, timeout: float = 5.0) -> Probe:
+    """Open a connection to host:port and try a TLS handshake: with this job's `context`,
+    or (None) anonymously, to learn whether the other side insists on TLS."""
+    anonymous = context is None
+    if anonymous:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout)
+    except socket.gaierror:
+        return Probe(Answer.DOWN, f"{host!r} does not resolve (yet)")
+    except OSError as exc:
+        return Probe(Answer.DOWN, exc.strerror or str(exc))
+    try:
+        with context.wrap_socket(raw, server_hostname=host):
+            return Probe(Answer.TLS if anonymous else Answer.IN)
+    except ssl.SSLCertVerificationError as exc:
+        return Probe(Answer.WRONG_SECRET, exc.verify_message or str(exc))
+    except ssl.SSLError as exc:
+        reason = (exc.reason or "").upper()
+        if "ALERT" in reason and not anonymous:
+            return Probe(Answer.WRONG_SECRET, exc.reason)
+        return Probe(Answer.NO_TLS, exc.reason or str(exc))
+    except (ConnectionError, EOFError, socket.timeout, TimeoutError, OSError) as exc:
+        return Probe(Answer.NO_TLS, type(exc).__name__)
+    finally:
+        raw.close()

@@ -1,0 +1,102 @@
+"""JOB_SECRET on loopback: a two-node job whose control plane takes only its own nodes.
+
+Real strangers against a running job: a raw TCPStore client that writes the job's abort
+record, claims a node rank and plants a pickle in torchrun's rendezvous state; nodes with
+another secret or none. The job trains to the end, the master names each refusal, and no
+stranger's write lands. Without a secret the same stranger stops the job (the control that
+shows the test can fail)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import pickle
+import time
+
+import psutil
+import pytest
+
+from entrypoint.outcome import Outcome
+from entrypoint.placement import job_prefix
+from tests.e2e.cluster import Node, wait_for
+from tests.e2e.test_training_host import check_trained
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "a-test-secret-of-32-characters!!"
+STEPS = ["--steps", "80", "--step-delay", "0.25"]     # ~20 s of training: time for the strangers
+
+
+class Planted:
+    """Unpickling this creates `path`: the side effect a code-running payload would have."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def stranger(host: str, port: int, run_id: str, planted: str) -> list[str]:
+    """What someone who can reach MASTER_PORT does with a plain TCPStore client; the
+    writes that went through."""
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=dt.timedelta(seconds=2))
+    except (RuntimeError, ValueError):
+        return []
+    prefix = job_prefix(run_id)
+    store.set(prefix + "job/abort", Outcome.failed("a stranger says stop").aborting().to_json())
+    store.compare_set(prefix + "node/1/claim", "", "stranger")
+    store.set(f"torch.rendezvous.{run_id}.state", pickle.dumps(Planted(planted)))
+    return ["abort", "claim", "rendezvous state"]
+
+
+def listening_everywhere(nodes: list[Node]) -> set[int]:
+    """Ports that the nodes' processes listen on, on every interface."""
+    pids = {p.pid for node in nodes for p in node.tree()}
+    return {c.laddr.port for c in psutil.net_connections(kind="tcp")
+            if c.pid in pids and c.status == psutil.CONN_LISTEN and c.laddr.ip in ("0.0.0.0", "::")}
+
+
+def start_two(jobs, tmp, **env) -> list[Node]:
+    return jobs.start(2, STEPS, FRAMEWORK="pytorch", RUN_ID="guarded", **env)
+
+
+def test_a_job_with_a_secret_trains_while_strangers_and_other_secrets_are_refused(jobs, tmp_path):
+    """The job's nodes read the secret from a file (a mounted secret), the intruders get theirs as JOB_SECRET."""
+    secret_file = tmp_path / "job_secret"
+    secret_file.write_text(SECRET + "\n")
+    job = start_two(jobs, tmp_path, JOB_SECRET_FILE=str(secret_file))
+    master, worker = job
+    wait_for(master, "TRAINING rank=0", 120)
+    port = int(master.env["MASTER_PORT"])
+    assert listening_everywhere(job) == {port}, "something besides the Gate listens on every interface"
+    intruders = [jobs.track(Node({**worker.env, "JOB_SECRET_FILE": "", "JOB_SECRET": secret, "NODE_ADDR": "127.0.0.9"},
+                                 STEPS, tmp_path / f"intruder{k}.log"))
+                 for k, secret in enumerate(["another-secret-of-32-characters!", ""])]
+    planted = tmp_path / "planted"
+    assert stranger("127.0.0.1", port, "guarded", str(planted)) == []
+    codes = [node.wait(120) for node in job]
+    output = "\n".join(node.output for node in job)
+    assert codes == [0, 0], output[-4000:]
+    check_trained(output, 2)
+    assert not planted.exists()
+    for node, says in zip(intruders, ["holds a different JOB_SECRET", "takes only nodes that hold its JOB_SECRET"]):
+        assert node.wait(60) == 3, node.output[-2000:]
+        failed = [line for line in node.output.splitlines() if "rendezvous failed" in line]
+        assert len(failed) == 1 and says in failed[0], node.output[-2000:]
+    refusals = [line for line in master.output.splitlines() if "refused a connection from 127.0.0." in line]
+    for why in ("does not speak TLS", "not this job's", "presented no certificate"):
+        assert any(why in line for line in refusals), refusals
+    assert SECRET not in output
+
+
+def test_without_a_secret_the_master_warns_and_a_stranger_can_stop_the_job(jobs, tmp_path):
+    job = start_two(jobs, tmp_path)
+    master = job[0]
+    wait_for(master, "TRAINING rank=0", 120)
+    assert "WARNING: no JOB_SECRET" in master.output
+    assert stranger("127.0.0.1", int(master.env["MASTER_PORT"]), "guarded", str(tmp_path / "planted"))
+    codes = [node.wait(120) for node in job]
+    assert codes == [1, 1] and "a stranger says stop" in master.output, master.output[-3000:]

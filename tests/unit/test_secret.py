@@ -1,0 +1,131 @@
+"""JOB_SECRET's pure parts and its TLS over real loopback sockets: the identity derived from
+the secret, what a probe learns from each kind of master, and the refusal lines."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+
+import pytest
+
+from entrypoint.config import ConfigError
+from entrypoint.explain import control_plane
+from entrypoint.secret import MIN_SECRET_CHARS, Identity, SecretError, read_secret
+from entrypoint.tunnel import Answer, Gate, Refusals, Tunnel, handshake, refusal_reason
+from tests.unit.test_plan import plan
+
+SECRET = b"a-test-secret-of-32-characters!!"
+
+
+def test_every_node_derives_the_same_identity_and_another_secret_another():
+    one, again, other = Identity.derive(SECRET), Identity.derive(SECRET), Identity.derive(SECRET + b"x")
+    assert one == again
+    assert other.cert_pem != one.cert_pem and other.key_pem != one.key_pem
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"JOB_SECRET": "short"}, f"JOB_SECRET: the secret has 5 characters; allowed: at least {MIN_SECRET_CHARS}"),
+    ({"JOB_SECRET_FILE": "/nonexistent/secret"}, "JOB_SECRET_FILE='/nonexistent/secret': cannot read it"),
+    ({"JOB_SECRET_FILE": "/dev/null"}, "JOB_SECRET_FILE='/dev/null': the secret is empty"),
+    ({"JOB_SECRET": "x" * 20, "JOB_SECRET_FILE": "/dev/null"}, "JOB_SECRET and JOB_SECRET_FILE are both set"),
+])
+def test_a_bad_secret_is_one_line_that_never_shows_it(env, says):
+    with pytest.raises(SecretError) as caught:
+        read_secret(plan(**env).config)
+    text = str(caught.value)
+    assert text.startswith(says) and "\n" not in text
+    assert "'short'" not in text and "xxxxxxxx" not in text
+    assert isinstance(caught.value, ConfigError)
+
+
+def test_a_secret_file_loses_its_trailing_newline(tmp_path):
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET + b"\n")
+    assert read_secret(plan(JOB_SECRET_FILE=str(path)).config) == SECRET == \
+        read_secret(plan(JOB_SECRET=SECRET.decode()).config)
+    assert read_secret(plan().config) is None
+
+
+def test_the_secret_never_shows_in_the_config_or_the_dry_run():
+    p = plan(JOB_SECRET=SECRET.decode(), NUM_NODES=2, ROLE="master", MASTER_ADDR="10.0.0.1")
+    assert SECRET.decode() not in repr(p.config)
+    line = control_plane(p)
+    assert line.startswith("TLS with JOB_SECRET") and SECRET.decode() not in line
+    assert control_plane(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="10.0.0.1")).startswith("open: no JOB_SECRET")
+
+
+@pytest.fixture
+def gate():
+    """A Gate (this job's identity) in front of a plain echo server; its refusal lines."""
+    echo = socket.create_server(("127.0.0.1", 0))
+    said: list[str] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(1024):
+                    conn.sendall(data)
+
+    import threading
+    threading.Thread(target=serve, daemon=True).start()
+    port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]       # a free port (the socket closes)
+    g = Gate(port, echo.getsockname()[1], Identity.derive(SECRET).server_context(), said.append).start()
+    yield g, said
+    g.stop()
+    echo.close()
+
+
+def test_a_tunnel_carries_bytes_only_for_the_same_secret(gate):
+    g, said = gate
+    good = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).start()
+    with socket.create_connection(("127.0.0.1", good.port), timeout=5) as conn:
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b"ping"
+    other = Identity.derive(b"another-secret-of-32-characters!").client_context()
+    wrong = Tunnel("127.0.0.1", g.port, other).start()
+    with socket.create_connection(("127.0.0.1", wrong.port), timeout=5) as conn:
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b""                        # closed, nothing echoed
+    assert not said or "not this job's" in said[-1]      # the tunnel may drop it before its alert is read
+    handshake("127.0.0.1", g.port, other)                # a node with that secret probing: it says why
+    time.sleep(0.3)
+    assert said and all("refused a connection from 127.0.0.1" in line for line in said), said
+    assert "not this job's" in said[-1]
+
+
+def test_probes_tell_a_wrong_secret_from_no_tls_and_from_nothing_there(gate):
+    g, _ = gate
+    assert handshake("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).answer is Answer.IN
+    other = Identity.derive(b"another-secret-of-32-characters!").client_context()
+    assert handshake("127.0.0.1", g.port, other).answer is Answer.WRONG_SECRET
+    assert handshake("127.0.0.1", g.port, None).answer is Answer.TLS
+    plain = socket.create_server(("127.0.0.1", 0))             # accepts and says nothing, as a TCPStore
+    assert handshake("127.0.0.1", plain.getsockname()[1], Identity.derive(SECRET).client_context(),
+                     timeout=1).answer is Answer.NO_TLS
+    port = plain.getsockname()[1]
+    plain.close()
+    assert handshake("127.0.0.1", port, None).answer is Answer.DOWN
+
+
+def test_refusals_are_one_line_per_address_and_reason_then_one_a_minute():
+    lines: list[str] = []
+    r = Refusals(lines.append, quiet_s=60)
+    for t in range(5):
+        r.refused("10.0.0.7", "it does not speak TLS (no JOB_SECRET; WRONG_VERSION_NUMBER)", now=float(t))
+    r.refused("10.0.0.8", "it does not speak TLS (no JOB_SECRET; HTTP_REQUEST)", now=5.0)
+    r.refused("10.0.0.7", "its certificate is not this job's (a different JOB_SECRET)", now=6.0)
+    assert len(lines) == 3 and r.count == 7
+    r.refused("10.0.0.7", "it does not speak TLS (no JOB_SECRET; WRONG_VERSION_NUMBER)", now=61.0)
+    assert len(lines) == 4 and "(and 4 more like it since the last line)" in lines[-1]
+
+
+def test_refusal_reasons_in_words():
+    assert "different JOB_SECRET" in refusal_reason(ssl.SSLCertVerificationError("certificate verify failed"))
+    wrong_version = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    wrong_version.reason = "WRONG_VERSION_NUMBER"
+    assert refusal_reason(wrong_version).startswith("it does not speak TLS")
