@@ -13,6 +13,7 @@ master is the launcher's (Launcher.serve).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -26,11 +27,22 @@ from .plan import NodePlan
 from .signals import Signals
 from .progress import ProgressFolder
 from .secret import Identity
+from .tunnel import Tunnel
 from .vigil import LocalWatch, Vigil
 from .watch import JobWatch, stop_outcome
 
 EXIT_RENDEZVOUS = 3          # this node could not join: no master within RDZV_TIMEOUT, rank taken
 HEARTBEAT_CHECK_S = 2.5      # nodes bump their heartbeat every second: a live one moves within this
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """What joining the other nodes gave this node (Job._meet)."""
+    nodes: tuple[NodeInfo, ...]
+    server_addr: str                       # where this node's processes reach the launcher's server
+    server_port: int | None
+    torch_port: int | None = None          # torch's env:// store for launchers whose processes form a group
+    launch_env: tuple[dict[str, str], ...] = ()
 
 
 class NotJoined(Exception):
@@ -82,6 +94,7 @@ class Job:
                               op_timeout_s=c.peer_timeout, identity=identity, say=log.say)
         self.node_rank: int | None = None
         self.server = None                   # what the launcher serves on the master (Launcher.serve)
+        self.tunnels: list[Tunnel] = []      # to the master's servers behind JOB_SECRET
 
     def __enter__(self) -> "Job":
         return self
@@ -89,6 +102,8 @@ class Job:
     def __exit__(self, *exc) -> None:
         if self.server:
             self.server.stop()
+        for tunnel in self.tunnels:
+            tunnel.stop()
         self.store.close()
 
     # ----------------------------------------------------------------- joining
@@ -157,37 +172,46 @@ class Job:
         nodes_text = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
         self.log.say(f"node {node_rank} of {nodes_text}: address {where.addr}, interface {where.iface or '(auto)'}, "
                      f"{launcher.nproc} process(es)")
-        nodes, server_port, torch_port, launch_env = self._meet(me, deadline)
-        return Placement(node_rank, nodes, iface=where.iface, master_port=torch_port or c.master_port,
-                         horovod_addr=c.master_addr, horovod_port=server_port, launch_env=launch_env,
+        met = self._meet(me, deadline)
+        return Placement(node_rank, met.nodes, iface=where.iface, master_port=met.torch_port or c.master_port,
+                         horovod_addr=met.server_addr, horovod_port=met.server_port, launch_env=met.launch_env,
                          store_endpoint=store.local_endpoint)
 
-    def _meet(self, me: NodeInfo, deadline: float):
+    def _meet(self, me: NodeInfo, deadline: float) -> "Meeting":
         """The launcher's part of joining: the other nodes' addresses when it exchanges them,
         its server on the master (announced with the port of torch's env:// store for
         launchers whose processes form their own group, and its per-rank variables), or the
-        master's announcement. Returns (nodes, the server's port, that store's port, the
-        per-rank variables)."""
+        master's announcement."""
         c, launcher, store = self.config, self.plan.launcher, self.store
-        nodes, server_port, torch_port, launch_env = (me,), c.horovod_port, None, ()
+        met = Meeting((me,), c.master_addr, c.horovod_port)
         if launcher.exchange:
-            nodes = tuple(self._wait_for_nodes(me.node_rank, deadline))
+            met = dataclasses.replace(met, nodes=tuple(self._wait_for_nodes(me.node_rank, deadline)))
         if self.master:
-            self.server = launcher.serve(self.plan, list(nodes), store, self.log)
-            server_port = self.server.port if self.server else server_port
+            self.server = launcher.serve(self.plan, list(met.nodes), store, self.log)
+            if self.server:
+                # Behind JOB_SECRET the server listens on loopback (tunnel.Gated): the master's
+                # own processes reach it there.
+                local = getattr(self.server, "local_port", None)
+                met = dataclasses.replace(met, server_addr="127.0.0.1" if local else c.master_addr,
+                                          server_port=local or self.server.port)
             if launcher.exchange:
                 # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
                 # on a port of its own (MASTER_PORT is the job store's).
-                torch_port = hardware.free_ports(1)[0]
-                launch_env = launcher.launch_env(list(nodes))
-                store.announce_launch(horovod_port=self.server.port if self.server else None, torch_port=torch_port,
-                                      launch_env=launch_env)
+                met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0],
+                                          launch_env=launcher.launch_env(list(met.nodes)))
+                store.announce_launch(horovod_port=self.server.port if self.server else None,
+                                      torch_port=met.torch_port, launch_env=met.launch_env)
         elif launcher.exchange:
             launch = self._wait_for_launch(me.node_rank, deadline)
-            server_port = launch.get("horovod_port") or server_port
-            torch_port = launch.get("torch_port")
-            launch_env = tuple(launch.get("launch_env", ()))
-        return nodes, server_port, torch_port, launch_env
+            met = dataclasses.replace(met, torch_port=launch.get("torch_port"),
+                                      launch_env=tuple(launch.get("launch_env", ())))
+            if launch.get("horovod_port"):
+                met = dataclasses.replace(met, server_port=launch["horovod_port"])
+                if store.identity is not None:        # the master's server is behind its Gate
+                    tunnel = Tunnel(c.master_addr, launch["horovod_port"], store.identity.client_context()).start()
+                    self.tunnels.append(tunnel)
+                    met = dataclasses.replace(met, server_addr="127.0.0.1", server_port=tunnel.port)
+        return met
 
     def _connect(self, deadline: float) -> None:
         """Reach the job store. A node restarted after a failure (compose `restart:

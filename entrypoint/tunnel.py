@@ -175,6 +175,21 @@ class Gate:
             _loop().call_soon_threadsafe(server.close)
 
 
+class Gated:
+    """A launcher's server on the master (Launcher.serve), moved to loopback behind a Gate on
+    its public port: `port` is the Gate's (announced to the nodes), `local_port` the server's
+    (for the master's own processes)."""
+
+    def __init__(self, server, port: int, context: ssl.SSLContext, say: Callable[[str], None]):
+        self.server, self.local_port = server, server.port
+        self.gate = Gate(port, server.port, context, say).start()
+        self.port = port
+
+    def stop(self) -> None:
+        self.gate.stop()
+        self.server.stop()
+
+
 class Tunnel:
     """127.0.0.1:<port> (chosen free) -> TLS to host:port."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..processes import ProcessSpec, iface_env, rank_env, tagged
 from .base import Launcher, Rendezvous
+from ..tunnel import Gated
 from .horovod_server import HorovodRendezvous
 from .mpi import Mpirun
 
@@ -93,9 +94,15 @@ class HorovodGloo(Launcher):
         return f"Horovod gloo workers, no SSH ({where})"
 
     def serve(self, plan, nodes, store, log):
-        if self.mode == "distributed":
-            return HorovodRendezvous.serving(horovod_slots(nodes), self.config.horovod_port)
-        return HorovodRendezvous.serving(horovod_slots(nodes), 0, "127.0.0.1")
+        slots = horovod_slots(nodes)
+        if self.mode != "distributed":
+            return HorovodRendezvous.serving(slots, 0, "127.0.0.1")
+        if store is not None and store.identity is not None:
+            # Behind JOB_SECRET: on loopback, with a Gate on HOROVOD_PORT (Horovod's HTTP
+            # server has no authentication, and its handlers unpickle request bodies).
+            return Gated(HorovodRendezvous.serving(slots, 0, "127.0.0.1"), self.config.horovod_port,
+                         store.identity.server_context(), log.say)
+        return HorovodRendezvous.serving(slots, self.config.horovod_port)
 
     def launch_env(self, nodes) -> tuple[dict[str, str], ...]:
         return slot_envs(nodes)
@@ -115,9 +122,20 @@ class HorovodGloo(Launcher):
                    **rank_env(rank, int(slot["HOROVOD_SIZE"]), int(slot["HOROVOD_LOCAL_RANK"]),
                               int(slot["HOROVOD_LOCAL_SIZE"]), node_rank),
                    **gloo_env(addr, placement.horovod_port or c.horovod_port), **slot,
-                   "MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or c.master_port)}
+                   **self.torch_store_env(placement, addr)}
             procs.append(ProcessSpec(f"rank {rank}", self.script(plan.python), env))
         return tagged(procs, c.launcher)
+
+
+    def torch_store_env(self, placement, addr: str) -> dict[str, str]:
+        """torch.distributed's env:// store: served by rank 0 on the placement's master_port;
+        behind JOB_SECRET, the job store through this node's tunnel, every rank a client
+        (TORCHELASTIC_USE_AGENT_STORE, as under torchrun)."""
+        c = self.config
+        if placement.store_endpoint not in (None, self.endpoint):
+            host, port = placement.store_endpoint.rsplit(":", 1)
+            return {"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        return {"MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or c.master_port)}
 
 
 @dataclass(frozen=True)

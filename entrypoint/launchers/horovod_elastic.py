@@ -23,6 +23,9 @@ class HorovodElastic(Launcher):
         return (f"Horovod elastic, no SSH: Horovod's ElasticDriver on the master, {c.min_nodes}:"
                 f"{c.max_nodes} nodes from the job store")
 
+    def open_despite_secret(self) -> list[str]:
+        return ["Horovod's elastic rendezvous on HOROVOD_PORT (its driver's own services check Horovod's HMAC key)"]
+
     def serve(self, plan, nodes, store, log):
         from .horovod_driver import HorovodElasticDriver
 

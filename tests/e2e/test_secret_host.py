@@ -100,3 +100,50 @@ def test_without_a_secret_the_master_warns_and_a_stranger_can_stop_the_job(jobs,
     assert stranger("127.0.0.1", int(master.env["MASTER_PORT"]), "guarded", str(tmp_path / "planted"))
     codes = [node.wait(120) for node in job]
     assert codes == [1, 1] and "a stranger says stop" in master.output, master.output[-3000:]
+
+
+def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rendezvous(jobs, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    job = jobs.start(2, STEPS, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET)
+    master = job[0]
+    wait_for(master, "TRAINING rank=0", 120)
+    ports = {int(master.env["MASTER_PORT"]), int(master.env["HOROVOD_PORT"])}
+    assert listening_everywhere(job) == ports
+    planted = tmp_path / "planted"
+    request = urllib.request.Request(f"http://127.0.0.1:{master.env['HOROVOD_PORT']}/global/rank_0",
+                                     data=pickle.dumps(Planted(str(planted))), method="PUT")
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(request, timeout=5)
+    codes = [node.wait(120) for node in job]
+    output = "\n".join(node.output for node in job)
+    assert codes == [0, 0], output[-4000:]
+    check_trained(output, 2)
+    assert not planted.exists()
+    assert any("refused a connection from 127.0.0.1" in line and "HTTP_REQUEST" in line
+               for line in master.output.splitlines()), master.output[-3000:]
+
+
+GROUP_SCRIPT = """
+import os, psutil, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+everywhere = [c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+              if c.status == psutil.CONN_LISTEN and c.laddr.ip in ("0.0.0.0", "::")]
+print(f"GROUP rank={dist.get_rank()} world={dist.get_world_size()} store={os.environ['MASTER_ADDR']} "
+      f"client_only={os.environ.get('TORCHELASTIC_USE_AGENT_STORE')} open={everywhere}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_torch_distributed_under_horovod_with_a_secret_forms_its_group_on_the_job_store(jobs, tmp_path):
+    """Rank 0 serves no store of its own on every interface: the group meets on the job
+    store, through each node's tunnel."""
+    script = tmp_path / "group.py"
+    script.write_text(GROUP_SCRIPT)
+    codes, output = jobs.run(2, [], FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET, ENTRYPOINT=str(script))
+    assert codes == [0, 0], output[-4000:]
+    for rank in (0, 1):
+        assert f"GROUP rank={rank} world=2 store=127.0.0.1 client_only=True open=[]" in output, output[-3000:]
