@@ -19,9 +19,12 @@ from .procs import PY, WORKLOADS, base_env, children_cpu_seconds, entrypoint, fr
 
 READY = str(WORKLOADS / "ready.py")
 RAW = "raw torchrun (c10d, one agent per node)"
+SECRET = "bench-secret-of-32-characters-xx"
 PATHS = {"torchrun (c10d)": dict(FRAMEWORK="pytorch", LAUNCHER="native"),
+         "torchrun (c10d), JOB_SECRET": dict(FRAMEWORK="pytorch", LAUNCHER="native", JOB_SECRET=SECRET),
          RAW: None,
          "Horovod (no SSH)": dict(FRAMEWORK="pytorch", LAUNCHER="horovod"),
+         "Horovod (no SSH), JOB_SECRET": dict(FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET),
          "TensorFlow (TF_CONFIG)": dict(FRAMEWORK="tensorflow", LAUNCHER="native")}
 
 
@@ -78,4 +81,49 @@ def measure(sizes: list[int], repeats: int, timeout: float = 300) -> list[dict]:
     for row in rows:
         raw = next(r for r in rows if r["path"] == RAW and r["nodes"] == row["nodes"])
         row["ratio_wall"], row["ratio_cpu"] = row["wall"] / raw["wall"], row["cpu"] / raw["cpu"]
+        if row["path"].endswith(", JOB_SECRET"):
+            plain = next(r for r in rows if r["path"] == row["path"].removesuffix(", JOB_SECRET")
+                         and r["nodes"] == row["nodes"])
+            row["vs_plain"] = row["seconds"] / plain["seconds"]
+    return rows
+
+
+def store_latency(ops: int) -> list[dict]:
+    """The job store's per-operation time as a node's entrypoint sees it: a TCPStore client
+    straight to the store, and the same client through its Tunnel and the master's Gate
+    (JOB_SECRET). Median of `ops` round trips, per operation."""
+    import datetime as dt
+    import socket
+    import time
+
+    from torch.distributed import TCPStore
+
+    from entrypoint.secret import Identity
+    from entrypoint.tunnel import Gate, Tunnel
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=listener.fileno())
+    identity = Identity.derive(SECRET.encode())
+    gate = Gate(free_port(), port, identity.server_context(), lambda line: None).start()
+    tunnel = Tunnel("127.0.0.1", gate.port, identity.client_context()).start()
+    rows = []
+    for name, client_port in (("plain TCPStore", port), ("through Tunnel and Gate (JOB_SECRET)", tunnel.port)):
+        client = TCPStore("127.0.0.1", client_port, is_master=False, timeout=dt.timedelta(seconds=30))
+        client.set("bench/key", "x" * 64)
+        for op, call in (("add", lambda: client.add("bench/n", 1)), ("get", lambda: client.get("bench/key")),
+                         ("set", lambda: client.set("bench/key", "y" * 64)),
+                         ("check", lambda: client.check(["bench/key"]))):
+            times = []
+            for _ in range(ops):
+                t = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t)
+            rows.append({"path": name, "op": op, "us": median(times) * 1e6, "ops": ops})
+    for row in rows:
+        plain = next(r for r in rows if r["op"] == row["op"] and r["path"] == "plain TCPStore")
+        row["ratio"] = row["us"] / plain["us"]
+    gate.stop()
+    tunnel.stop()
+    del server                                  # the store lives as long as its object
     return rows

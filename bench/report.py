@@ -30,8 +30,12 @@ SECTIONS = [
      ["path", "nodes", "start → all joined (s)", "last import → all joined (s)", "wall (s)", "CPU-s",
       "vs raw torchrun (wall, CPU)", "runs (failed)"],
      lambda r: [r["path"], r["nodes"], _fmt(r["seconds"]), _fmt(r.get("join_seconds")), _fmt(r.get("wall")),
-                _fmt(r.get("cpu")), f"{_fmt(r.get('ratio_wall'))}×, {_fmt(r.get('ratio_cpu'))}×",
+                _fmt(r.get("cpu")), f"{_fmt(r.get('ratio_wall'))}×, {_fmt(r.get('ratio_cpu'))}×"
+                + (f"; {_fmt(r['vs_plain'])}× without the secret (goal ≤ 1.05×)" if "vs_plain" in r else ""),
                 f"{r['runs']} ({r['failures']})"]),
+    ("store_latency", "The job store, one operation (a node's TCPStore client): plain, and behind JOB_SECRET",
+     ["path", "operation", "µs (median)", "vs plain", "operations"],
+     lambda r: [r["path"], r["op"], _fmt(r["us"], ".0f"), f"{_fmt(r['ratio'])}×", r["ops"]]),
     ("compose", "docker compose up → every node in its first collective (2 nodes, one Docker host)",
      ["path", "up → all joined (s)", "up → all exited (s)", "vs raw torchrun (joined, exited)", "runs (failed)"],
      lambda r: [r["path"], _fmt(r["seconds"]), _fmt(r["wall"]), f"{_fmt(r['ratio'])}×, {_fmt(r['ratio_wall'])}×",

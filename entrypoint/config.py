@@ -254,8 +254,8 @@ VARIABLES = (
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
         'rendezvous id, the same on every node of a job'),
     Var("JOB_SECRET", Secret(), None,
-        "the job's shared secret, at least 16 characters, the same on every node: the job store "
-        "and torchrun's rendezvous then take only TLS connections from nodes that hold it; "
+        "the job's shared secret, at least 16 characters, the same on every node: the job store, "
+        "torchrun's and Horovod's rendezvous then take only TLS connections from nodes that hold it; "
         "default: none (anyone who reaches `MASTER_PORT` can join, stop or run code in the job; "
         "docs/security.md)"),
     Var("JOB_SECRET_FILE", Text(), None,

@@ -17,12 +17,14 @@ def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
                              "--image", image],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for heading in ("Launch overhead", "Rendezvous", "docker compose up", "Allreduce", "Images", "Training", "Elastic",
+    for heading in ("Launch overhead", "Rendezvous", "The job store, one operation", "docker compose up", "Allreduce", "Images", "Training", "Elastic",
                     "Hang detection", "Progress reporting"):
         assert heading in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert all(r["runs"] == 1 for r in results["launch"]), results["launch"]
     assert all(r["failures"] == 0 for r in results["rendezvous"]), results["rendezvous"]
+    assert any(r["path"].endswith("JOB_SECRET") for r in results["rendezvous"])
+    assert {r["op"] for r in results["store_latency"]} == {"add", "get", "set", "check"}
     assert all(r["failures"] == 0 for r in results["compose"]), results["compose"]
     assert all(r["ok"] for r in results["collectives"])
     assert results["image_sizes"] and all(r["overhead_ratio"] > 0 for r in results["image_sizes"])

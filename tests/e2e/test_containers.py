@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
 from testcontainers.core.container import DockerContainer
@@ -64,16 +65,28 @@ def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, l
     assert [p.name for p in checkpoints.iterdir()] == [saved]                     # rank 0 only, once
 
 
-PATHS = [("pytorch", "native"), ("pytorch", "horovod"), ("tensorflow", "native"), ("keras", "horovod")]
+# (framework, launcher, with compose/secret.yml): the PyTorch paths run behind JOB_SECRET.
+PATHS = [("pytorch", "native", True), ("pytorch", "horovod", True), ("tensorflow", "native", False),
+         ("keras", "horovod", False)]
 
 
-@pytest.mark.parametrize("framework, launcher", PATHS, ids=[f"{f}-{l}" for f, l in PATHS])
-def test_compose_two_nodes_train_agree_and_resume(image, project, framework, launcher):
-    job = project(FRAMEWORK=framework, LAUNCHER=launcher, TRAIN_ARGS="--steps 40")
+@pytest.mark.parametrize("framework, launcher, secret", PATHS,
+                         ids=[f"{f}-{l}" + ("-secret" if s else "") for f, l, s in PATHS])
+def test_compose_two_nodes_train_agree_and_resume(image, project, tmp_path, framework, launcher, secret):
+    overrides, env = (), {}
+    if secret:
+        path = tmp_path / "job_secret"
+        path.write_text(uuid.uuid4().hex + "\n")
+        path.chmod(0o444)                     # the image's user (uid 1000) reads the bind-mounted file
+        overrides, env = ("secret.yml",), {"JOB_SECRET_PATH": str(path)}
+    job = project(*overrides, FRAMEWORK=framework, LAUNCHER=launcher, TRAIN_ARGS="--steps 40", **env)
     run = job.compose("up", "--abort-on-container-exit", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert set(job.exit_codes().values()) == {0}, job.exit_codes()
     assert_replicas_agree(job.logs(), 2)
+    master = job.compose("logs", "--no-color", "master").stdout
+    assert ("serving the job store at master:29500 (TLS, JOB_SECRET)" in master) == secret, master[:2000]
+    assert ("WARNING: no JOB_SECRET" in master) != secret
 
     again = job.compose("up", "--abort-on-container-exit", timeout=600, TRAIN_ARGS="--steps 60")
     assert again.returncode == 0, again.stdout[-3000:]
@@ -396,8 +409,10 @@ def test_swarm_stack_trains_two_nodes_over_the_overlay_network(image, swarm, cli
     data.mkdir()
     checkpoints.mkdir()
     checkpoints.chmod(0o777)
+    secret = tmp_path / "job_secret"            # a Swarm secret, made by `stack deploy` from this file
+    secret.write_text(uuid.uuid4().hex)
     stack = SwarmStack(client, CODE_PATH=str(ROOT / "examples"), DATA_PATH=str(data),
-                       CHECKPOINT_PATH=str(checkpoints), RDZV_TIMEOUT="120")
+                       CHECKPOINT_PATH=str(checkpoints), RDZV_TIMEOUT="120", JOB_SECRET_PATH=str(secret))
     try:
         deployed = stack.deploy()
         assert deployed.returncode == 0, f"{client} ({version}): {deployed.stderr}"
@@ -405,6 +420,7 @@ def test_swarm_stack_trains_two_nodes_over_the_overlay_network(image, swarm, cli
         output = stack.logs()
         assert all(state.startswith("Complete") for _, state in tasks), (tasks, output[-3000:])
         assert_replicas_agree(output, 2)
+        assert "(TLS, JOB_SECRET)" in output and "WARNING: no JOB_SECRET" not in output
     finally:
         stack.remove()
 

@@ -102,10 +102,14 @@ def test_indexed_job_and_headless_service_pass_kubernetes_schemas():
     docs = documents("deploy/k8s/indexed-job.yaml")
     for doc in docs:
         validate_k8s(doc)
-    service, job = docs
+    service, job, policy = docs
     assert service["spec"]["clusterIP"] == "None"
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+    # Only the job's own pods reach its ports.
+    pods = job["spec"]["template"]["metadata"]["labels"] | {"job-name": job["metadata"]["name"]}
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pods.items()
+    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [[{"podSelector": policy["spec"]["podSelector"]}]]
 
 
 def test_pytorchjob_passes_its_crd_schema_and_pod_schemas():
@@ -127,7 +131,7 @@ def test_pytorchjob_schema_rejects_a_wrong_container_name():
 
 
 def test_kubernetes_validate_is_strict():
-    [service, job] = documents("deploy/k8s/indexed-job.yaml")
+    [service, job, policy] = documents("deploy/k8s/indexed-job.yaml")
     job["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "8Gi"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_k8s(job)
@@ -153,10 +157,15 @@ def test_entrypoint_understands_what_the_pytorchjob_operator_injects():
 
 
 def test_entrypoint_understands_the_indexed_job():
-    [_, job] = documents("deploy/k8s/indexed-job.yaml")
-    env = {e["name"]: e.get("value", "1") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    [_, job, _] = documents("deploy/k8s/indexed-job.yaml")
+    pod = job["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value", "1") for e in pod["containers"][0]["env"]}
     plan = plan_for(env)
     assert (plan.config.node_rank, plan.config.role, plan.config.num_nodes) == (1, "worker", job["spec"]["completions"])
+    # The secret's file is where the Secret volume is mounted.
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    secret_volume = next(v for v in pod["volumes"] if "secret" in v)
+    assert plan.config.job_secret_file.startswith(mounts[secret_volume["name"]] + "/")
 
 
 def test_swarm_stack_declares_the_version_old_clients_need():
