@@ -118,14 +118,23 @@ class Refusals:
         self.say(f"refused a connection from {addr} to the job's control plane: {why}{more}")
 
 
-class Gate:
+class _Listening:
+    """A server on the relay loop; stop() closes its listening socket (open relays end with their peers)."""
+    _server = None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            _loop().call_soon_threadsafe(server.close)
+
+
+class Gate(_Listening):
     """TLS on `port` (every interface) -> plain TCP on 127.0.0.1:`backend_port`."""
 
     def __init__(self, port: int, backend_port: int, context: ssl.SSLContext, say: Callable[[str], None],
                  host: str = "0.0.0.0"):
         self.port, self.backend_port, self.context, self.host = port, backend_port, context, host
         self.refusals = Refusals(say)
-        self._server: asyncio.base_events.Server | None = None
 
     def start(self) -> "Gate":
         """Raises OSError when the port cannot be served."""
@@ -169,11 +178,6 @@ class Gate:
             return
         await _relay((reader, writer), backend)
 
-    def stop(self) -> None:
-        if self._server is not None:
-            server, self._server = self._server, None
-            _loop().call_soon_threadsafe(server.close)
-
 
 class Gated:
     """A launcher's server on the master (Launcher.serve), moved to loopback behind a Gate on
@@ -190,13 +194,12 @@ class Gated:
         self.server.stop()
 
 
-class Tunnel:
+class Tunnel(_Listening):
     """127.0.0.1:<port> (chosen free) -> TLS to host:port."""
 
     def __init__(self, host: str, port: int, context: ssl.SSLContext):
         self.host, self.remote_port, self.context = host, port, context
         self.port: int | None = None
-        self._server = None
 
     @property
     def endpoint(self) -> str:
@@ -218,11 +221,6 @@ class Tunnel:
             writer.transport.abort()
             return
         await _relay((reader, writer), remote)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            server, self._server = self._server, None
-            _loop().call_soon_threadsafe(server.close)
 
 
 class Answer(enum.Enum):

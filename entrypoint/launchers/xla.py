@@ -41,6 +41,11 @@ class XlaHost(Launcher):
             "xla:// store on 127.0.0.1"
         return f"one PyTorch/XLA process per host, PJRT_DEVICE={accel.pjrt_device} ({per_device}; {store})"
 
+    def open_despite_secret(self) -> list[str]:
+        if self.mode == "distributed":
+            return ["torch_xla's xla:// store on XLA_PORT (served by its process 0, on every interface)"]
+        return []
+
     def processes(self, plan, placement) -> list[ProcessSpec]:
         """Their xla:// store is MASTER_ADDR:store_port, served by torch_xla's process 0, which
         lives on TPU worker 0: node 0, the master."""

@@ -106,7 +106,8 @@ def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rende
     import urllib.error
     import urllib.request
 
-    job = jobs.start(2, STEPS, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET)
+    job = jobs.start(2, ["--steps", "40", "--step-delay", "0.1"], FRAMEWORK="pytorch", LAUNCHER="horovod",
+                     JOB_SECRET=SECRET)
     master = job[0]
     wait_for(master, "TRAINING rank=0", 120)
     ports = {int(master.env["MASTER_PORT"]), int(master.env["HOROVOD_PORT"])}
