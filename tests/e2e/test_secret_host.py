@@ -3,11 +3,12 @@
 Real strangers against a running job: a raw TCPStore client that writes the job's abort
 record, claims a node rank and plants a pickle in torchrun's rendezvous state; nodes with
 another secret or none. The job trains to the end, the master names each refusal, and no
-stranger's write lands. Without a secret the same stranger stops the job (the control that
-shows the test can fail)."""
+stranger's write lands. Without a secret the stranger's pickle runs in torchrun's agents (the
+control that shows the test can fail)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import pickle
 import time
@@ -48,8 +49,14 @@ def stranger(host: str, port: int, run_id: str, planted: str) -> list[str]:
     prefix = job_prefix(run_id)
     store.set(prefix + "job/abort", Outcome.failed("a stranger says stop").aborting().to_json())
     store.compare_set(prefix + "node/1/claim", "", "stranger")
-    store.set(f"torch.rendezvous.{run_id}.state", pickle.dumps(Planted(planted)))
+    plant(store, run_id, planted)
     return ["abort", "claim", "rendezvous state"]
+
+
+def plant(store, run_id: str, planted: str) -> None:
+    """Replace torchrun's rendezvous state (c10d: base64 of a pickle, under this key) with a
+    payload: every agent unpickles the state when it next syncs (its keep-alives, its end)."""
+    store.set(f"torch.rendezvous.{run_id}", base64.b64encode(pickle.dumps(Planted(planted))))
 
 
 def listening_everywhere(nodes: list[Node]) -> set[int]:
@@ -92,14 +99,23 @@ def test_a_job_with_a_secret_trains_while_strangers_and_other_secrets_are_refuse
     assert SECRET not in output
 
 
-def test_without_a_secret_the_master_warns_and_a_stranger_can_stop_the_job(jobs, tmp_path):
+def test_without_a_secret_a_stranger_runs_code_in_the_agents_and_stops_the_job(jobs, tmp_path):
+    """The control: the same stranger against the same job without JOB_SECRET."""
+    from torch.distributed import TCPStore
+
     job = start_two(jobs, tmp_path)
     master = job[0]
     wait_for(master, "TRAINING rank=0", 120)
     assert "WARNING: no JOB_SECRET" in master.output
-    assert stranger("127.0.0.1", int(master.env["MASTER_PORT"]), "guarded", str(tmp_path / "planted"))
+    port, planted = int(master.env["MASTER_PORT"]), tmp_path / "planted"
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=dt.timedelta(seconds=5))
+    plant(store, "guarded", str(planted))
+    deadline = time.monotonic() + 30
+    while not planted.exists() and time.monotonic() < deadline and master.proc.poll() is None:
+        time.sleep(0.2)
+    assert planted.exists(), "torchrun's agents did not unpickle the planted state"
     codes = [node.wait(120) for node in job]
-    assert codes == [1, 1] and "a stranger says stop" in master.output, master.output[-3000:]
+    assert codes != [0, 0], master.output[-3000:]
 
 
 def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rendezvous(jobs, tmp_path):
