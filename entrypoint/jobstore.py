@@ -136,7 +136,7 @@ class JobStore:
                     return
                 except (RuntimeError, ValueError) as exc:
                     last = _first_line(exc)
-                    if self.identity is None and handshake(self.host, self.port, None).answer is Answer.TLS:
+                    if self.identity is None and self._master_insists_on_tls():
                         raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} takes only "
                                               f"nodes that hold its JOB_SECRET, and this node has none; set the "
                                               f"same JOB_SECRET (or JOB_SECRET_FILE) on every node") from None
@@ -145,6 +145,11 @@ class JobStore:
             return
         raise RendezvousError(f"no master at MASTER_ADDR:MASTER_PORT={self.endpoint} after RDZV_TIMEOUT={self.timeout_s:g}s "
                               f"(is the master running and the port reachable?); last error: {last}")
+
+    def _master_insists_on_tls(self) -> bool:
+        """(No secret here, and the store's client failed after the probe) whether the master
+        takes TLS only: it has a JOB_SECRET this node lacks."""
+        return handshake(self.host, self.port, None, timeout=2.0).answer is Answer.TLS
 
     def _client(self, host: str, port: int):
         from torch.distributed import TCPStore

@@ -104,3 +104,71 @@ def test_bad_scheduler_integer():
 ])
 def test_first_host_of_slurm_nodelist(nodelist, first):
     assert first_host(nodelist) == first
+
+
+# --------------------------------------------------------------------------- batch platforms
+# Each case: the variables the platform sets on one node, and the contract they give.
+PLATFORMS = [
+    ("aws-batch", {"AWS_BATCH_JOB_NUM_NODES": "3", "AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "1",
+                   "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.3.7", "AWS_BATCH_JOB_ID": "ab12-cd#0"},
+     (3, 2, "worker", "10.0.3.7")),
+    ("aws-batch", {"AWS_BATCH_JOB_NUM_NODES": "3", "AWS_BATCH_JOB_NODE_INDEX": "1", "AWS_BATCH_JOB_MAIN_NODE_INDEX": "1",
+                   "HOSTNAME": "ip-10-0-3-7"},
+     (3, 0, "master", "ip-10-0-3-7")),
+    ("leaderworkerset", {"LWS_LEADER_ADDRESS": "train-0.train.default", "LWS_GROUP_SIZE": "4", "LWS_WORKER_INDEX": "3"},
+     (4, 3, "worker", "train-0.train.default")),
+    ("volcano", {"VC_MASTER_HOSTS": "job-master-0.job", "VC_MASTER_NUM": "1",
+                 "VC_WORKER_HOSTS": "job-worker-0.job,job-worker-1.job", "VC_WORKER_NUM": "2", "VC_TASK_INDEX": "1",
+                 "HOSTNAME": "job-worker-1"},
+     (3, 2, "worker", "job-master-0.job")),
+    ("volcano", {"VC_TRAINER_HOSTS": "t-0.j,t-1.j", "VC_TRAINER_NUM": "2", "VC_TASK_INDEX": "0", "HOSTNAME": "pod-x"},
+     (2, 0, "master", "t-0.j")),
+    ("sagemaker", {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"}, (2, 1, "worker", "algo-1")),
+    ("vertex-ai", {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["cmle-0:2222"],
+                                                           "workerpool1": ["cmle-w0:2222", "cmle-w1:2222"]},
+                                               "task": {"type": "workerpool1", "index": 1}})},
+     (3, 2, "worker", "cmle-0")),
+    ("jobset", {"JOBSET_NAME": "llm", "REPLICATED_JOB_NAME": "trainer", "JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "0",
+                "NUM_NODES": "2"},
+     (2, 0, "master", "llm-trainer-0-0.llm")),
+    ("jobset", {"JOB_COMPLETION_INDEX": "1", "NUM_NODES": "2", "MASTER_ADDR": "train-0.train"},
+     (2, 1, "worker", "train-0.train")),
+]
+
+
+@pytest.mark.parametrize("platform, env, expected", PLATFORMS, ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(PLATFORMS)])
+def test_batch_platforms_variables_make_the_node(platform, env, expected):
+    t, c = contract(env)
+    assert t.scheduler == platform
+    assert (c.num_nodes, c.node_rank, c.role, c.master_addr) == expected
+    assert c.train_mode == "distributed"
+
+
+def test_aws_batch_job_id_becomes_the_run_id():
+    t, c = contract(PLATFORMS[0][1])
+    assert c.run_id == "ab12-cd" and c.sources["RUN_ID"] == "AWS_BATCH_JOB_ID"
+
+
+def test_vertex_reduction_servers_are_not_nodes():
+    spec = {"cluster": {"workerpool0": ["m:2222"], "workerpool2": ["r:2222"]}, "task": {"type": "workerpool2", "index": 0}}
+    t = translate({"CLUSTER_SPEC": json.dumps(spec)})
+    assert t.scheduler == "vertex-ai" and "NUM_NODES" not in t.env
+
+
+def test_an_indexed_job_of_independent_runs_is_left_alone():
+    t = translate({"JOB_COMPLETION_INDEX": "4"})
+    assert t.scheduler is None and "NODE_RANK" not in t.env
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"SM_HOSTS": "algo-1", "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS"),
+    ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"}, "SM_CURRENT_HOST"),
+    ({"CLUSTER_SPEC": "{"}, "CLUSTER_SPEC"),
+    ({"AWS_BATCH_JOB_NUM_NODES": "two"}, "AWS_BATCH_JOB_NUM_NODES"),
+    ({"VC_A_HOSTS": "a-0", "VC_B_HOSTS": "b-0", "VC_TASK_INDEX": "0"}, "master"),
+    ({"LWS_LEADER_ADDRESS": "l", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1", "NODE_RANK": "0"}, "LWS_WORKER_INDEX"),
+])
+def test_bad_or_contradicted_platform_variables_are_one_line(env, names):
+    with pytest.raises(ConfigError) as caught:
+        contract(env)
+    assert names in str(caught.value) and "\n" not in str(caught.value)
