@@ -19,6 +19,7 @@ import dataclasses
 import os
 import shlex
 import sys
+import tempfile
 import time
 
 from . import hardware, manifest
@@ -62,6 +63,21 @@ def check_script(plan: NodePlan) -> None:
                           f"(entry train.py) or set ENTRYPOINT to your script")
     if not path.endswith(".py") and not os.access(path, os.X_OK):
         raise ConfigError(f"ENTRYPOINT={path!r}: not a .py file and not executable")
+
+
+def check_checkpoint_dir(plan: NodePlan) -> None:
+    """Every rank writes to CHECKPOINT_DIR (checkpoints, Keras backups, hang diagnostics): a
+    read-only image or another uid (`docker run --read-only --user`, Apptainer, OpenShift)
+    would fail at the first save, long after the start. Say so before anything starts."""
+    path = plan.config.checkpoint_dir
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".disttrain-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"CHECKPOINT_DIR={path!r}: not writable by uid {os.getuid()} ({exc.strerror or exc}); "
+                          f"mount a writable folder there (-v HOST_DIR:{path}, a volume) or set CHECKPOINT_DIR "
+                          f"to one") from None
 
 
 def job_identity(plan: NodePlan) -> Identity | None:
@@ -137,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (dry_run or plan.config.explain):
             check_script(plan)
         identity = job_identity(plan)
+        if not (dry_run or plan.config.explain):
+            check_checkpoint_dir(plan)          # last: it creates the folder
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT

@@ -65,6 +65,25 @@ def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, l
     assert [p.name for p in checkpoints.iterdir()] == [saved]                     # rank 0 only, once
 
 
+def test_a_read_only_image_as_another_uid_needs_only_a_writable_checkpoint_dir(image, tmp_path):
+    """As Apptainer and OpenShift run it: read-only, an arbitrary uid. Refused in one line
+    before anything starts while CHECKPOINT_DIR cannot be written; trains once it can."""
+    run = ["docker", "run", "--rm", "--read-only", "--user", "12345:12345", "-e", "NPROC_PER_NODE=2",
+           "-v", f"{ROOT / 'examples'}:/app/code:ro"]
+    refused = subprocess.run([*run, image, "--steps", "20"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout[-2000:] + refused.stderr[-2000:]
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("entrypoint: CHECKPOINT_DIR='/app/checkpoints': not writable by uid 12345 "), line
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o777)
+    trained = subprocess.run([*run, "-v", f"{checkpoints}:/app/checkpoints", image, "--steps", "20"],
+                             capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
+    assert_replicas_agree(trained.stdout + trained.stderr, 2)
+    assert any(p.name.startswith("ckpt-") for p in checkpoints.iterdir())
+
+
 # (framework, launcher, with compose/secret.yml): the PyTorch paths run behind JOB_SECRET.
 PATHS = [("pytorch", "native", True), ("pytorch", "horovod", True), ("tensorflow", "native", False),
          ("keras", "horovod", False)]

@@ -58,6 +58,13 @@ def test_bad_input_is_one_line_exit_2_nothing_started(env):
     assert not os.path.exists("/nonexistent/should-not-be-created")
 
 
+def test_a_checkpoint_dir_that_cannot_be_written_is_one_line_before_anything_starts():
+    result = entrypoint({"CHECKPOINT_DIR": "/proc/no-checkpoints-here"})
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("entrypoint: CHECKPOINT_DIR='/proc/no-checkpoints-here': not writable by uid "), line
+
+
 def test_explain_prints_the_plan_and_starts_nothing():
     result = entrypoint({"EXPLAIN": "1", "FRAMEWORK": "tensorflow", "NUM_NODES": "2", "ROLE": "master",
                          "MASTER_ADDR": "10.1.2.3", "NPROC_PER_NODE": "2"})
