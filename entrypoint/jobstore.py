@@ -118,6 +118,10 @@ class JobStore:
         return self.tunnel.endpoint
 
     def connect(self, deadline: float, cancelled=lambda: False) -> None:
+        # torch first: importing it takes seconds, which a worker spends while its master
+        # starts, not after the master is up (an elastic round may start without it).
+        import torch.distributed  # noqa: F401
+
         if self.serve:
             self._serve()
             return
