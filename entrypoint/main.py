@@ -80,6 +80,18 @@ def check_checkpoint_dir(plan: NodePlan) -> None:
                           f"to one") from None
 
 
+def writable_temp_dir() -> str | None:
+    """A temporary folder for this node's processes when the image has none (read-only root:
+    Python's tempfile, torchrun's log folders need one): a private one in /dev/shm, which is
+    a tmpfs even then. None when the usual one works."""
+    try:
+        tempfile.gettempdir()
+        return None
+    except FileNotFoundError:
+        tempfile.tempdir = None
+        return tempfile.mkdtemp(prefix="disttrain-tmp-", dir="/dev/shm")
+
+
 def job_identity(plan: NodePlan) -> Identity | None:
     """The job's TLS identity from JOB_SECRET or JOB_SECRET_FILE (None: no secret). The
     secret leaves this process's environment, so no training process inherits it."""
@@ -168,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         print(explain(plan, processes, env), flush=True)
         return 0
 
+    if (tmp := writable_temp_dir()) is not None:
+        os.environ["TMPDIR"] = env["TMPDIR"] = tmp
+        log.say(f"no writable temporary folder (a read-only image?): TMPDIR={tmp}")
     if plan.mode != "direct":
         log.say(preflight_summary(plan))
     for warning in plan.warnings:
