@@ -175,7 +175,7 @@ class Job:
         met = self._meet(me, deadline)
         return Placement(node_rank, met.nodes, iface=where.iface, master_port=met.torch_port or c.master_port,
                          horovod_addr=met.server_addr, horovod_port=met.server_port, launch_env=met.launch_env,
-                         store_endpoint=store.local_endpoint)
+                         store_endpoint=store.local_endpoint if store.identity else None)
 
     def _meet(self, me: NodeInfo, deadline: float) -> "Meeting":
         """The launcher's part of joining: the other nodes' addresses when it exchanges them,

@@ -40,7 +40,15 @@ class Placement:
     horovod_addr: str | None = None      # the launcher's server on the master (Horovod's rendezvous)
     horovod_port: int | None = None
     launch_env: tuple[dict[str, str], ...] = ()   # the master's per-rank variables (Launcher.launch_env)
-    store_endpoint: str | None = None    # host:port where this node's processes reach the job store
+    store_endpoint: str | None = None    # behind JOB_SECRET: host:port where this node's processes reach the job store
+
+    @property
+    def store_host_port(self) -> tuple[str, int] | None:
+        """store_endpoint split (None without a secret: the processes use MASTER_ADDR:MASTER_PORT)."""
+        if self.store_endpoint is None:
+            return None
+        host, port = self.store_endpoint.rsplit(":", 1)
+        return host, int(port)
 
     @property
     def me(self) -> NodeInfo | None:

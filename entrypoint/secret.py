@@ -14,6 +14,7 @@ one line naming the variable (never the secret itself).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import ssl
 import tempfile
@@ -91,11 +92,21 @@ class Identity:
                                     serialization.NoEncryption())
         return Identity(key_pem, cert.public_bytes(serialization.Encoding.PEM))
 
-    def server_context(self) -> ssl.SSLContext:
+    # Each context is made once (it loads the key from a file): a worker probes its master
+    # every 0.2 s until it answers, and one SSLContext serves any number of connections.
+    @functools.cached_property
+    def _server(self) -> ssl.SSLContext:
         return self._context(ssl.PROTOCOL_TLS_SERVER)
 
-    def client_context(self) -> ssl.SSLContext:
+    @functools.cached_property
+    def _client(self) -> ssl.SSLContext:
         return self._context(ssl.PROTOCOL_TLS_CLIENT)
+
+    def server_context(self) -> ssl.SSLContext:
+        return self._server
+
+    def client_context(self) -> ssl.SSLContext:
+        return self._client
 
     def _context(self, protocol: int) -> ssl.SSLContext:
         ctx = ssl.SSLContext(protocol)

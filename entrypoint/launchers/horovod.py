@@ -132,9 +132,9 @@ class HorovodGloo(Launcher):
         behind JOB_SECRET, the job store through this node's tunnel, every rank a client
         (TORCHELASTIC_USE_AGENT_STORE, as under torchrun)."""
         c = self.config
-        if placement.store_endpoint not in (None, self.endpoint):
-            host, port = placement.store_endpoint.rsplit(":", 1)
-            return {"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        if placement.store_host_port:
+            host, port = placement.store_host_port
+            return {"MASTER_ADDR": host, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
         return {"MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or c.master_port)}
 
 

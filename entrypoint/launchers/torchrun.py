@@ -131,8 +131,7 @@ class Torchrun(Launcher):
         # of a fixed-size job then use it as their torch.distributed store too (torch would
         # serve one of its own on every interface of rank 0's node). Elastic jobs keep
         # torch's (docs/security.md).
-        secure = placement.store_endpoint not in (None, self.endpoint)
-        workers_store = placement.store_endpoint if secure and not c.elastic and self.in_process else None
+        workers_store = placement.store_endpoint if not c.elastic and self.in_process else None
         if workers_store:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         me = placement.me
