@@ -200,6 +200,23 @@ def barrier() -> None:
         dist.barrier()
 
 
+def stop_requested() -> bool:
+    """Whether any rank was asked to stop (SIGTERM, once disttrain.preemption.catch() ran):
+    the same answer on every rank at the same call, so that they all checkpoint the same
+    step and leave together. One all-reduce (max) of one number; with one process, this
+    process's own flag."""
+    from . import preemption
+
+    flag = torch.tensor([1.0 if preemption.requested() else 0.0])
+    if "hvd" in _state:
+        hvd = _state["hvd"]
+        return bool(hvd.allreduce(flag, op=hvd.Max, name="disttrain.stop_requested").item())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = flag.to(device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def to_cpu(obj):
     """A copy of a (nested) state with every tensor on the CPU: XLA tensors for torch.save."""
     if isinstance(obj, torch.Tensor):

@@ -1,5 +1,6 @@
 """PyTorch data-parallel training with the image's API (DDP under torchrun; local SGD when
-SYNC_MODE=async). Checkpoints on rank 0 and resumes from CHECKPOINT_DIR."""
+SYNC_MODE=async). Checkpoints on rank 0 and resumes from CHECKPOINT_DIR; asked to stop
+(SIGTERM: preemption, scancel, docker stop), it checkpoints the step it is at and exits 143."""
 
 import time
 
@@ -7,13 +8,14 @@ import torch
 from torch import nn
 
 import synthetic
-from disttrain import checkpoint
+from disttrain import checkpoint, preemption
 from disttrain import torch as dt
 from disttrain.lr import scale_lr
 
 args = synthetic.arguments()
 
 info = dt.init()
+preemption.catch()
 rank, world = dt.rank(), dt.world_size()
 device = dt.device()
 torch.manual_seed(0)
@@ -54,9 +56,14 @@ for step in range(start, args.steps):
     optimizer.step()
     if rank == 0 and step % 20 == 0:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
-    if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
+    stopping = dt.stop_requested()
+    if stopping or (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
         checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step + 1,
                         writer=torch.save, ext="pt")
+    if stopping:
+        synthetic.preempted(rank, step + 1)
+        dt.shutdown()
+        preemption.leave()
 elapsed = time.perf_counter() - started
 if info.sync_mode == "async":
     dt.average_parameters(model)        # local SGD ends with one final average

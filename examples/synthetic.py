@@ -31,6 +31,11 @@ def started(rank: int, step: int) -> None:
     print(f"TRAINING rank={rank} from_step={step}", flush=True)
 
 
+def preempted(rank: int, step: int) -> None:
+    """Asked to stop: the checkpoint of `step` is written (the tests look for this line)."""
+    print(f"PREEMPTED rank={rank} checkpoint_step={step}", flush=True)
+
+
 def pause(args: argparse.Namespace) -> None:
     if args.step_delay > 0:
         time.sleep(args.step_delay)

@@ -8,15 +8,18 @@ ends, passed or failed.
     tpu_image    TPU_TEST_IMAGE (the tpu variant); likewise
     project      compose projects on compose/two-node.yml (+ overrides), removed (volumes too)
     jobs         nodes of jobs on this machine (cluster.Jobs): stopped, then killed, then waited for
+    slurm        sbatch on a real two-node Slurm (tests/e2e/slurm.py): the jobs cancelled
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
 from entrypoint.config import MXNET_VARIANT
+from tests.conftest import ROOT
 from tests.e2e.cluster import Jobs
 from tests.e2e.docker_env import ComposeProject, docker, ensure_image
 
@@ -67,3 +70,34 @@ def jobs(tmp_path):
     tracked = Jobs(tmp_path)
     yield tracked
     tracked.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The two-node Slurm: .ci/run's (SLURM_CONF), else one started here for the session."""
+    from tests.e2e import slurm
+
+    conf = os.environ.get("SLURM_CONF")
+    if conf and slurm.responds(conf):
+        yield conf
+        return
+    why = slurm.missing()
+    if why:
+        pytest.skip(f"no Slurm: {why}")
+    folder = tmp_path_factory.mktemp("slurm")
+    script = str(ROOT / "scripts" / "slurm-two-nodes.sh")
+    subprocess.run([script, "start", str(folder)], check=True, capture_output=True, text=True, timeout=120)
+    try:
+        yield str(folder / "slurm.conf")
+    finally:
+        subprocess.run([script, "stop", str(folder)], check=False, timeout=60)
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """Submit jobs to the two-node Slurm; every job a test submitted is cancelled when it ends."""
+    from tests.e2e.slurm import Cluster
+
+    cluster = Cluster(slurm_cluster)
+    yield cluster
+    cluster.cancel_all()

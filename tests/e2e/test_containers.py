@@ -84,6 +84,43 @@ def test_a_read_only_image_as_another_uid_needs_only_a_writable_checkpoint_dir(i
     assert any(p.name.startswith("ckpt-") for p in checkpoints.iterdir())
 
 
+def test_docker_stop_checkpoints_within_the_grace_period_and_a_restart_resumes(image, tmp_path):
+    """`docker stop -t 30` (SIGTERM, SIGKILL 30 s later), as a preemption or a drained node
+    does: the two ranks agree on a step, checkpoint it and the container exits 143 long
+    before the SIGKILL; started again, it resumes from that step to the end."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o777)
+    name = f"dtftest-preempt-{uuid.uuid4().hex[:8]}"
+    docker("run", "-d", "--name", name, "-e", "NPROC_PER_NODE=2", "-e", "GRACE_PERIOD=20",
+           "-v", f"{ROOT / 'examples'}:/app/code:ro", "-v", f"{checkpoints}:/app/checkpoints",
+           image, "--steps", "800", "--step-delay", "0.02")
+    try:
+        deadline = time.monotonic() + 180
+        while "step 100 " not in docker("logs", name).stdout and time.monotonic() < deadline:
+            time.sleep(0.5)
+        started = time.monotonic()
+        docker("stop", "-t", "30", name)
+        took = time.monotonic() - started
+        logs = docker("logs", name)
+        first = logs.stdout + logs.stderr
+        assert docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip() == "143", first[-3000:]
+        assert took < 20, f"docker stop took {took:.1f}s"
+        steps = set(re.findall(r"PREEMPTED rank=\d checkpoint_step=(\d+)", first))
+        assert len(steps) == 1 and len(re.findall("PREEMPTED rank=", first)) == 2, first[-3000:]
+        step = int(steps.pop())
+        assert 100 < step < 800 and (checkpoints / f"ckpt-{step:08d}.pt").exists()
+
+        docker("start", name)
+        assert docker("wait", name, timeout=300).stdout.strip() == "0"
+        both = docker("logs", name)
+        second = both.stdout[len(logs.stdout):] + both.stderr[len(logs.stderr):]
+        assert f"RESUMED rank=0 step={step}" in second and f"RESUMED rank=1 step={step}" in second, second[-3000:]
+        assert_replicas_agree(second, 2)
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
 # (framework, launcher, with compose/secret.yml): the PyTorch paths run behind JOB_SECRET.
 PATHS = [("pytorch", "native", True), ("pytorch", "horovod", True), ("tensorflow", "native", False),
          ("keras", "horovod", False)]

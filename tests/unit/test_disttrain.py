@@ -187,3 +187,23 @@ def test_keras_backup_resumes_where_training_stopped_and_only_rank_0_writes(tmp_
     other = str(tmp_path / "rank1")
     assert fit(25, dtf.backup_and_restore(every=10, directory=other)) == list(range(25))
     assert not os.path.exists(os.path.join(other, "chief", "checkpoint"))   # rank 0 writes, not rank 1
+
+
+def test_preemption_turns_sigterm_into_a_flag_the_loop_reads_then_leaves_with_143():
+    import signal
+    import subprocess
+    import sys
+
+    # Its own process: catch() replaces this interpreter's SIGTERM handler for good.
+    code = ("import os, signal, sys\n"
+            "from disttrain import preemption, torch as dt\n"
+            "assert not dt.stop_requested()\n"
+            "preemption.catch()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "assert preemption.requested() and dt.stop_requested()\n"
+            "print('checkpointing', flush=True)\n"
+            "preemption.leave()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    assert done.stdout == "checkpointing\n"
+    assert "PREEMPTION signal SIGTERM" in done.stderr

@@ -1,0 +1,59 @@
+"""Checkpoint when the job is asked to stop: preemption, `scancel`, `scontrol requeue`,
+`docker stop`, a Kubernetes pod's deletion, a spot instance's reclaim.
+
+Each of these sends SIGTERM (Slurm's `--signal=TERM@<s>` sends it ahead of the time limit)
+and kills what is left after a grace period: Slurm's KillWait, `docker stop -t`, the pod's
+terminationGracePeriodSeconds. The entrypoint passes SIGTERM on to every training process
+and gives them GRACE_PERIOD seconds (keep it under the platform's) before SIGKILL.
+By default Python ends at SIGTERM, and the steps since the last checkpoint are lost. With
+
+    from disttrain import preemption
+    from disttrain import torch as dt
+
+    preemption.catch()                   # from here on, SIGTERM asks the loop to stop
+    for step in range(start, steps):
+        ...one step...
+        if dt.stop_requested():          # every rank, the same step
+            checkpoint.save(state, step + 1, ...)
+            preemption.leave()           # exit 143, as the signal would have
+
+the loop finishes its step, checkpoints, and the job resumes from there when it is
+restarted or requeued (same RUN_ID and CHECKPOINT_DIR). The signal reaches the ranks at
+different steps (the nodes hear of it one after the other), so the ranks agree on the step:
+`dt.stop_requested()` is one all-reduce of one number per call; `requested()` here is this
+process's own flag, for code with one process or its own agreement.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+EXIT_CODE = 128 + signal.SIGTERM
+_state = {"caught": False, "signal": None}
+
+
+def catch() -> None:
+    """SIGTERM (and SIGINT) set the flag instead of ending the process. Call it early, in
+    every rank, before the first step."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _record)
+    _state["caught"] = True
+
+
+def _record(signum: int, _frame) -> None:
+    if _state["signal"] is None:
+        print(f"PREEMPTION signal {signal.Signals(signum).name}: checkpointing at the next step boundary",
+              file=sys.stderr, flush=True)
+    _state["signal"] = signum
+
+
+def requested() -> bool:
+    """Whether this process was asked to stop."""
+    return _state["signal"] is not None
+
+
+def leave() -> None:
+    """End the process as the signal would have (exit 128 + its number)."""
+    sys.stdout.flush()
+    sys.exit(128 + (_state["signal"] or signal.SIGTERM))
