@@ -19,10 +19,9 @@ import dataclasses
 import os
 import shlex
 import sys
-import tempfile
 import time
 
-from . import hardware, manifest
+from . import hardware, manifest, writable
 from .arguments import Invocation, parse_arguments
 from .config import VARIABLES, ConfigError
 from .explain import assumed_placement, explain
@@ -63,33 +62,6 @@ def check_script(plan: NodePlan) -> None:
                           f"(entry train.py) or set ENTRYPOINT to your script")
     if not path.endswith(".py") and not os.access(path, os.X_OK):
         raise ConfigError(f"ENTRYPOINT={path!r}: not a .py file and not executable")
-
-
-def check_checkpoint_dir(plan: NodePlan) -> None:
-    """Every rank writes to CHECKPOINT_DIR (checkpoints, Keras backups, hang diagnostics): a
-    read-only image or another uid (`docker run --read-only --user`, Apptainer, OpenShift)
-    would fail at the first save, long after the start. Say so before anything starts."""
-    path = plan.config.checkpoint_dir
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".disttrain-write-check-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"CHECKPOINT_DIR={path!r}: not writable by uid {os.getuid()} ({exc.strerror or exc}); "
-                          f"mount a writable folder there (-v HOST_DIR:{path}, a volume) or set CHECKPOINT_DIR "
-                          f"to one") from None
-
-
-def writable_temp_dir() -> str | None:
-    """A temporary folder for this node's processes when the image has none (read-only root:
-    Python's tempfile, torchrun's log folders need one): a private one in /dev/shm, which is
-    a tmpfs even then. None when the usual one works."""
-    try:
-        tempfile.gettempdir()
-        return None
-    except FileNotFoundError:
-        tempfile.tempdir = None
-        return tempfile.mkdtemp(prefix="disttrain-tmp-", dir="/dev/shm")
 
 
 def job_identity(plan: NodePlan) -> Identity | None:
@@ -165,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (dry_run or plan.config.explain):
             check_script(plan)
         identity = job_identity(plan)
-        if not (dry_run or plan.config.explain):
-            check_checkpoint_dir(plan)          # last: it creates the folder
+        redirected = [] if dry_run or plan.config.explain else writable.prepare(env, plan.config.checkpoint_dir)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT
@@ -180,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(explain(plan, processes, env), flush=True)
         return 0
 
-    if (tmp := writable_temp_dir()) is not None:
-        os.environ["TMPDIR"] = env["TMPDIR"] = tmp
-        log.say(f"no writable temporary folder (a read-only image?): TMPDIR={tmp}")
+    for line in redirected:
+        log.say(line)
     if plan.mode != "direct":
         log.say(preflight_summary(plan))
     for warning in plan.warnings:

@@ -66,8 +66,10 @@ def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, l
 
 
 def test_a_read_only_image_as_another_uid_needs_only_a_writable_checkpoint_dir(image, tmp_path):
-    """As Apptainer and OpenShift run it: read-only, an arbitrary uid. Refused in one line
-    before anything starts while CHECKPOINT_DIR cannot be written; trains once it can."""
+    """As Apptainer and OpenShift run it: read-only, an arbitrary uid (whose HOME is /).
+    Refused in one line before anything starts while CHECKPOINT_DIR, or a cache variable
+    that is set, cannot be written; with a checkpoint folder PyTorch and Keras train, their
+    caches in a private HOME in /dev/shm."""
     run = ["docker", "run", "--rm", "--read-only", "--user", "12345:12345", "-e", "NPROC_PER_NODE=2",
            "-v", f"{ROOT / 'examples'}:/app/code:ro"]
     refused = subprocess.run([*run, image, "--steps", "20"], capture_output=True, text=True, timeout=300)
@@ -77,10 +79,16 @@ def test_a_read_only_image_as_another_uid_needs_only_a_writable_checkpoint_dir(i
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     checkpoints.chmod(0o777)
-    trained = subprocess.run([*run, "-v", f"{checkpoints}:/app/checkpoints", image, "--steps", "20"],
-                             capture_output=True, text=True, timeout=300)
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
-    assert_replicas_agree(trained.stdout + trained.stderr, 2)
+    run += ["-v", f"{checkpoints}:/app/checkpoints"]
+    cache = subprocess.run([*run, "-e", "KERAS_HOME=/opt/keras", image], capture_output=True, text=True, timeout=300)
+    assert cache.returncode == 2 and cache.stderr.startswith("entrypoint: KERAS_HOME='/opt/keras' "), cache.stderr
+    for framework in ("pytorch", "keras"):         # Keras writes ~/.keras, Matplotlib ~/.config at import
+        trained = subprocess.run([*run, "-e", f"FRAMEWORK={framework}", image, "--steps", "20"],
+                                 capture_output=True, text=True, timeout=300)
+        output = trained.stdout + trained.stderr
+        assert trained.returncode == 0, output[-3000:]
+        assert "entrypoint: HOME='/' is not writable by uid 12345: HOME=/dev/shm/" in output, output[:3000]
+        assert_replicas_agree(output, 2)
     assert any(p.name.startswith("ckpt-") for p in checkpoints.iterdir())
 
 
