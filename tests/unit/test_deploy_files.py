@@ -5,7 +5,9 @@ JSON Schema for the PyTorchJob CRD. None of these can run a cluster here."""
 import json
 import os
 import shutil
+import re
 import subprocess
+import sys
 
 import jsonschema
 import kubernetes_validate
@@ -174,3 +176,97 @@ def test_swarm_stack_declares_the_version_old_clients_need():
     data = yaml.safe_load((ROOT / "deploy" / "swarm" / "stack.yml").read_text())
     assert data["version"] == "3.8"
     assert data["services"]["worker"]["deploy"]["placement"]["max_replicas_per_node"] == 1
+
+
+def crd_schema(name):
+    return json.loads((ROOT / "deploy/k8s/schemas" / name).read_text())
+
+
+def test_leaderworkerset_passes_its_crd_schema_and_pod_schemas():
+    lws, policy = documents("deploy/k8s/leaderworkerset.yaml")
+    jsonschema.validate(lws, crd_schema("leaderworkerset-v1.schema.json"))
+    template = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    validate_k8s({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-0"}, "spec": template["spec"]})
+    validate_k8s(policy)
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"leaderworkerset.sigs.k8s.io/name": lws["metadata"]["name"]}
+    broken = json.loads(json.dumps(lws))
+    broken["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, crd_schema("leaderworkerset-v1.schema.json"))
+
+
+def test_entrypoint_understands_what_leaderworkerset_injects():
+    [lws, _] = documents("deploy/k8s/leaderworkerset.yaml")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    container_env = {e["name"]: e["value"] for e in template["workerTemplate"]["spec"]["containers"][0]["env"]}
+    size = template["size"]
+    for index in range(size):
+        injected = {"LWS_LEADER_ADDRESS": "train-0.train.default", "LWS_GROUP_SIZE": str(size),
+                    "LWS_WORKER_INDEX": str(index)}
+        c = plan_for({**container_env, **injected}).config
+        assert (c.num_nodes, c.node_rank, c.master_addr) == (size, index, "train-0.train.default")
+        assert c.role == ("master" if index == 0 else "worker")
+
+
+def test_jobset_passes_its_crd_schema_and_job_schemas():
+    jobset, policy = documents("deploy/k8s/jobset.yaml")
+    jsonschema.validate(jobset, crd_schema("jobset-v1alpha2.schema.json"))
+    [replicated] = jobset["spec"]["replicatedJobs"]
+    validate_k8s({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train-node-0"},
+                  "spec": replicated["template"]["spec"]})
+    validate_k8s(policy)
+
+
+def test_entrypoint_understands_the_jobset():
+    [jobset, _] = documents("deploy/k8s/jobset.yaml")
+    [replicated] = jobset["spec"]["replicatedJobs"]
+    job = replicated["template"]["spec"]
+    pod_env = job["template"]["spec"]["containers"][0]["env"]
+    annotations = {"jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
+                   "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"], "jobset.sigs.k8s.io/job-index": "0"}
+    for index in range(job["completions"]):
+        env = {"JOB_COMPLETION_INDEX": str(index)}       # Kubernetes sets it in Indexed Jobs' pods
+        for e in pod_env:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            else:                                        # the downward API, as the kubelet fills it in
+                path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = annotations[path.split("['")[1].rstrip("']")]
+        c = plan_for(env).config
+        assert (c.num_nodes, c.node_rank) == (job["completions"], index)
+        assert c.master_addr == "train-node-0-0.train"   # pod 0 of job 0, JobSet's Service (the JobSet's name)
+
+
+def batch_definition():
+    return json.loads((ROOT / "deploy/aws-batch/job-definition.json").read_text())
+
+
+def test_aws_batch_job_definition_passes_the_batch_api_model():
+    """AWS's own service model (botocore's, offline): what RegisterJobDefinition accepts."""
+    import botocore.session
+    from botocore.exceptions import ParamValidationError
+    from botocore.validate import validate_parameters
+
+    model = botocore.session.get_session().get_service_model("batch")
+    shape = model.operation_model("RegisterJobDefinition").input_shape
+    definition = batch_definition()
+    validate_parameters(definition, shape)
+    assert definition["type"] == "multinode"
+    wrong = json.loads(json.dumps(definition))
+    wrong["nodeProperties"]["numNodes"] = "two"
+    with pytest.raises(ParamValidationError):
+        validate_parameters(wrong, shape)
+
+
+def test_dry_run_with_aws_batch_variables_plans_node_1_of_2_with_the_main_node_as_master():
+    definition = batch_definition()
+    [nodes] = definition["nodeProperties"]["nodeRangeProperties"]
+    env = {e["name"]: e["value"] for e in nodes["container"]["environment"]}
+    injected = {"AWS_BATCH_JOB_ID": "0c8d9f6e-1234#1", "AWS_BATCH_JOB_NUM_NODES": "2", "AWS_BATCH_JOB_NODE_INDEX": "1",
+                "AWS_BATCH_JOB_MAIN_NODE_INDEX": str(definition["nodeProperties"]["mainNode"]),
+                "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.17"}
+    out = subprocess.run([sys.executable, "-m", "entrypoint.main", "--dry-run"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env, **injected}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "role=worker node_rank=1 nodes=2" in out.stdout, out.stdout
+    assert "job store 10.0.1.17:29500" in out.stdout and "MASTER_ADDR <- AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS" in out.stdout
