@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import tarfile
+from dataclasses import dataclass
 
 import docker
 import pytest
@@ -42,8 +43,8 @@ def layer_files(image_ref: str):
     proc.wait()
 
 
-def test_smoke_tests_pass_as_the_runtime_user(image):
-    results = smoke.run_smoke_tests(image, MATRIX.variants[VARIANT])
+def test_smoke_tests_pass_as_the_runtime_user(image, layer_scan):
+    results = smoke.run_smoke_tests(image, MATRIX.variants[VARIANT], shared_objects=layer_scan.shared_objects)
     failed = [f"{r.name}: {r.detail}" for r in results if not r.ok]
     assert not failed, failed
     assert any(r.name == "horovodrun --check-build" for r in results)
@@ -114,19 +115,29 @@ def ca_markers() -> list[bytes]:
     return markers
 
 
+@dataclass
+class LayerScan:
+    """What one pass over every file of every layer found."""
+    paths: list[tuple[str, str]]                 # (layer, path) of every regular file
+    hits: list[tuple[str, str]]                  # files whose bytes hold a build CA marker
+    markers: list[bytes]
+    shared_objects: list[smoke.SharedObject]     # for the smoke tests' duplicate check
+
+
 @pytest.fixture(scope="module")
-def layer_scan(image):
-    """Every file of every layer: its path, and which CA markers its bytes contain."""
-    markers = ca_markers()
-    paths, hits = [], []
+def layer_scan(image) -> LayerScan:
+    """One `docker save` pass (a minute for the cpu image) for every check of the layers."""
+    scan = LayerScan([], [], ca_markers(), [])
     for layer, path, content in layer_files(image):
-        paths.append((layer, path))
-        hits += [(layer, path) for m in markers if m in content]
-    return paths, hits, markers
+        scan.paths.append((layer, path))
+        scan.hits += [(layer, path) for m in scan.markers if m in content]
+        if smoke.SHARED_OBJECT_RE.search(path) and (soname := smoke.elf_soname(content)):
+            scan.shared_objects.append(smoke.SharedObject(layer, path, soname, len(content)))
+    return scan
 
 
 def test_no_build_ca_certificate_in_any_layer(image, layer_scan):
-    paths, hits, markers = layer_scan
+    paths, hits, markers = layer_scan.paths, layer_scan.hits, layer_scan.markers
     if not markers:
         pytest.skip("the image was built without --ca-cert (BUILD_CA_CERT): nothing to look for")
     assert len(paths) > 1000                          # the scan really read the layers
@@ -137,7 +148,7 @@ def test_no_build_ca_certificate_in_any_layer(image, layer_scan):
 
 
 def test_no_local_wheel_and_no_compiler_in_any_layer(image, layer_scan):
-    paths, _, _ = layer_scan
+    paths = layer_scan.paths
     wheelhouse = os.environ.get("BUILD_WHEELHOUSE")
     local = set(os.listdir(wheelhouse)) if wheelhouse and os.path.isdir(wheelhouse) else set()
     names = [p.rsplit("/", 1)[-1] for _, p in paths if p.endswith(".whl")]
