@@ -30,7 +30,7 @@ import signal
 import sys
 
 EXIT_CODE = 128 + signal.SIGTERM
-_state = {"caught": False, "signal": None}
+_state: dict = {"signal": None, "said": False}
 
 
 def catch() -> None:
@@ -38,19 +38,20 @@ def catch() -> None:
     every rank, before the first step."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _record)
-    _state["caught"] = True
 
 
 def _record(signum: int, _frame) -> None:
-    if _state["signal"] is None:
-        print(f"PREEMPTION signal {signal.Signals(signum).name}: checkpointing at the next step boundary",
-              file=sys.stderr, flush=True)
-    _state["signal"] = signum
+    _state["signal"] = signum               # only this: a handler that writes could interrupt a write
 
 
 def requested() -> bool:
-    """Whether this process was asked to stop."""
-    return _state["signal"] is not None
+    """Whether this process was asked to stop (said once on stderr when it first was)."""
+    signum = _state["signal"]
+    if signum is not None and not _state["said"]:
+        _state["said"] = True
+        print(f"PREEMPTION signal {signal.Signals(signum).name}: checkpointing at this step boundary",
+              file=sys.stderr, flush=True)
+    return signum is not None
 
 
 def leave() -> None:
