@@ -270,3 +270,17 @@ def test_dry_run_with_aws_batch_variables_plans_node_1_of_2_with_the_main_node_a
     assert out.returncode == 0, out.stderr
     assert "role=worker node_rank=1 nodes=2" in out.stdout, out.stdout
     assert "job store 10.0.1.17:29500" in out.stdout and "MASTER_ADDR <- AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS" in out.stdout
+
+
+def test_dry_run_with_leaderworkerset_variables_plans_worker_1_of_2_with_the_leader_as_master():
+    [lws, _] = documents("deploy/k8s/leaderworkerset.yaml")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    env = {e["name"]: e["value"] for e in template["workerTemplate"]["spec"]["containers"][0]["env"]
+           if e["name"] != "JOB_SECRET_FILE"}
+    injected = {"LWS_LEADER_ADDRESS": "train-0.train.default", "LWS_GROUP_SIZE": str(template["size"]),
+                "LWS_WORKER_INDEX": "1"}
+    out = subprocess.run([sys.executable, "-m", "entrypoint.main", "--dry-run"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env, **injected}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "role=worker node_rank=1 nodes=2" in out.stdout, out.stdout
+    assert "job store train-0.train.default:29500" in out.stdout and "MASTER_ADDR <- LWS_LEADER_ADDRESS" in out.stdout
