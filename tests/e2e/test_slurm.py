@@ -149,9 +149,11 @@ def test_preempted_by_slurms_sigterm_checkpoints_and_the_requeued_job_resumes(sl
     assert (tmp_path / "checkpoints" / f"ckpt-{step:08d}.pt").exists()
 
     slurm.run("scontrol", "requeue", job.id)
-    # The requeued job waits for its begin time (Slurm holds a requeued job back about two
-    # minutes); here it is now.
-    slurm.run("scontrol", "update", f"JobId={job.id}", "StartTime=now")
+    # Slurm holds a requeued job back about two minutes; here 5 s. Not sooner: slurmd revoked
+    # the first run's credential when it ended, and a run whose credential is made in the
+    # same second is refused ("Killing non-startable batch job: Job credential revoked",
+    # seen once in CI with StartTime=now).
+    slurm.run("scontrol", "update", f"JobId={job.id}", "StartTime=now+5")
     job.wait(120, states={"RUNNING", "COMPLETING", "COMPLETED"})
     fields = job.wait(240)
     second = job.output[len(first):]
