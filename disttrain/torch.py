@@ -29,6 +29,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from . import preemption
 from .env import RankInfo, context
 
 _state: dict = {}
@@ -205,8 +206,6 @@ def stop_requested() -> bool:
     the same answer on every rank at the same call, so that they all checkpoint the same
     step and leave together. One all-reduce (max) of one number; with one process, this
     process's own flag."""
-    from . import preemption
-
     flag = torch.tensor([1.0 if preemption.requested() else 0.0])
     if "hvd" in _state:
         hvd = _state["hvd"]

@@ -258,6 +258,14 @@ def test_aws_batch_job_definition_passes_the_batch_api_model():
         validate_parameters(wrong, shape)
 
 
+def dry_run(env: dict[str, str]) -> str:
+    """`python -m entrypoint.main --dry-run` with only `env` (and PATH): its plan."""
+    out = subprocess.run([sys.executable, "-m", "entrypoint.main", "--dry-run"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_dry_run_with_aws_batch_variables_plans_node_1_of_2_with_the_main_node_as_master():
     definition = batch_definition()
     [nodes] = definition["nodeProperties"]["nodeRangeProperties"]
@@ -265,11 +273,9 @@ def test_dry_run_with_aws_batch_variables_plans_node_1_of_2_with_the_main_node_a
     injected = {"AWS_BATCH_JOB_ID": "0c8d9f6e-1234#1", "AWS_BATCH_JOB_NUM_NODES": "2", "AWS_BATCH_JOB_NODE_INDEX": "1",
                 "AWS_BATCH_JOB_MAIN_NODE_INDEX": str(definition["nodeProperties"]["mainNode"]),
                 "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.17"}
-    out = subprocess.run([sys.executable, "-m", "entrypoint.main", "--dry-run"], capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env, **injected}, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "role=worker node_rank=1 nodes=2" in out.stdout, out.stdout
-    assert "job store 10.0.1.17:29500" in out.stdout and "MASTER_ADDR <- AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS" in out.stdout
+    out = dry_run({**env, **injected})
+    assert "role=worker node_rank=1 nodes=2" in out, out
+    assert "job store 10.0.1.17:29500" in out and "MASTER_ADDR <- AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS" in out
 
 
 def test_dry_run_with_leaderworkerset_variables_plans_worker_1_of_2_with_the_leader_as_master():
@@ -279,8 +285,6 @@ def test_dry_run_with_leaderworkerset_variables_plans_worker_1_of_2_with_the_lea
            if e["name"] != "JOB_SECRET_FILE"}
     injected = {"LWS_LEADER_ADDRESS": "train-0.train.default", "LWS_GROUP_SIZE": str(template["size"]),
                 "LWS_WORKER_INDEX": "1"}
-    out = subprocess.run([sys.executable, "-m", "entrypoint.main", "--dry-run"], capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env, **injected}, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "role=worker node_rank=1 nodes=2" in out.stdout, out.stdout
-    assert "job store train-0.train.default:29500" in out.stdout and "MASTER_ADDR <- LWS_LEADER_ADDRESS" in out.stdout
+    out = dry_run({**env, **injected})
+    assert "role=worker node_rank=1 nodes=2" in out, out
+    assert "job store train-0.train.default:29500" in out and "MASTER_ADDR <- LWS_LEADER_ADDRESS" in out
