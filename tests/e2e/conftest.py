@@ -6,6 +6,7 @@ ends, passed or failed.
     image        TEST_IMAGE (default distributed-training-framework:cpu), built if missing
     mxnet_image  MXNET_TEST_IMAGE (the cpu-mxnet variant); skips, saying how to build it, without it
     tpu_image    TPU_TEST_IMAGE (the tpu variant); likewise
+    cuda_image   CUDA_TEST_IMAGE (default: the newest CUDA variant built here); likewise
     project      compose projects on compose/two-node.yml (+ overrides), removed (volumes too)
     jobs         nodes of jobs on this machine (cluster.Jobs): stopped, then killed, then waited for
     slurm        sbatch on a real two-node Slurm (tests/e2e/slurm.py): the jobs cancelled
@@ -18,6 +19,8 @@ import subprocess
 
 import pytest
 
+from buildsys.compat import parse_version
+from buildsys.matrix import load_matrix
 from entrypoint.config import MXNET_VARIANT
 from tests.conftest import ROOT
 from tests.e2e.cluster import Jobs
@@ -25,6 +28,7 @@ from tests.e2e.docker_env import ComposeProject, docker, ensure_image
 
 MXNET_IMAGE = os.environ.get("MXNET_TEST_IMAGE", f"distributed-training-framework:{MXNET_VARIANT}")
 TPU_IMAGE = os.environ.get("TPU_TEST_IMAGE", "distributed-training-framework:tpu")
+CUDA_IMAGE = os.environ.get("CUDA_TEST_IMAGE")
 
 
 def built_or_skip(image: str, how: str) -> str:
@@ -47,6 +51,21 @@ def mxnet_image() -> str:
 @pytest.fixture(scope="session")
 def tpu_image() -> str:
     return built_or_skip(TPU_IMAGE, "CI's test job builds only cpu: python build.py build tpu, or set TPU_TEST_IMAGE")
+
+
+@pytest.fixture(scope="session")
+def cuda_image() -> str:
+    """A CUDA variant's image, on this machine's CPU: CUDA_TEST_IMAGE, else the newest CUDA
+    variant of the matrix that is built here. CI builds none (15-25 minutes each)."""
+    if CUDA_IMAGE:
+        return built_or_skip(CUDA_IMAGE, "CUDA_TEST_IMAGE names an image that is not built")
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    cuda = sorted((v for v in matrix.variants.values() if v.cuda), key=lambda v: parse_version(v.cuda.version))
+    for variant in reversed(cuda):
+        name = f"{matrix.repository}:{variant.name}"
+        if docker("image", "inspect", name, check=False).returncode == 0:
+            return name
+    pytest.skip(f"no CUDA image is built here (python build.py build {cuda[-1].name}, or set CUDA_TEST_IMAGE)")
 
 
 @pytest.fixture

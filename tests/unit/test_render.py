@@ -99,7 +99,7 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         sdist.extractall(tmp_path, filter="data")
     src = tmp_path / "horovod-0.28.1"
     patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
-    assert len(patches) == 6
+    assert len(patches) == 7
     for patch in patches:
         result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
                                  str(patch)], capture_output=True, text=True)
@@ -112,6 +112,8 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         assert "K = tf.keras.backend" in keras and "from keras import backend" not in keras
     torch_cmake = (src / "horovod/torch/CMakeLists.txt").read_text()
     assert torch_cmake.index("set(CMAKE_CXX_STANDARD 17)") < torch_cmake.index("set(CMAKE_CXX_STANDARD 20)")
+    join = (src / "horovod/torch/mpi_ops.py").read_text().split("def join(", 1)[1].split("\ndef ", 1)[0]
+    assert "if device >= 0 and not torch.cuda.is_available():" in join
 
 
 def test_labels_carry_every_component_version():
