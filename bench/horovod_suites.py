@@ -42,10 +42,11 @@ SUMMARY = re.compile(r"\[(?:\d+,)?(\d+)\]<stdout>:=*\s*((?:\d+ (?:subtests )?\w+
 COUNT = re.compile(r"(\d+) ((?:subtests )?(?:passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?))")
 
 
-def labels(image: str) -> dict[str, str]:
+def labels(image: str) -> dict[str, str] | None:
+    """The image's labels; None where no such image is on this engine."""
     out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out) or {}
+                         capture_output=True, text=True)
+    return json.loads(out.stdout) or {} if out.returncode == 0 else None
 
 
 def export_tests(git_dir: Path, version: str, dest: Path) -> Path:
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     found = labels(args.image)
+    if found is None:
+        parser.error(f"--image {args.image}: no such image on this engine; build it first "
+                     f"(python build.py build VARIANT)")
     version = found.get(f"{LABEL}.version.horovod")
     if not version:
         parser.error(f"--image {args.image}: no Horovod in it (no {LABEL}.version.horovod label)")

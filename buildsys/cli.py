@@ -183,6 +183,9 @@ def cmd_test(matrix, version, args) -> int:
     failed = 0
     for v in matrix.select(args.variants):
         image = variant_tags(v, matrix.repository, version, args.registry)[0]
+        if not docker_build.image_exists(image):
+            raise docker_build.BuildError(f"test {v.name}: no image {image} on this engine; "
+                                          f"build it first (build.py build {v.name})")
         print(f"== {v.name} ({image})", flush=True)
         for result in smoke.run_smoke_tests(image, v):
             print(f"  [{'PASS' if result.ok else 'FAIL'}] {result.name}: {result.detail}", flush=True)

@@ -201,6 +201,14 @@ def export_wheels(cli: DockerCli, v: Variant, context: Path, options: BuildOptio
         env=build_env(cli))
 
 
+def image_exists(ref: str) -> bool:
+    """Whether the engine has an image by that reference (any docker client can tell)."""
+    try:
+        return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+    except FileNotFoundError:                # no docker client at all
+        return False
+
+
 def push(tags: list[str]) -> None:
     import docker  # the SDK; imported here so `list`/`render` work without a daemon
 

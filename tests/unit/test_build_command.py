@@ -79,3 +79,11 @@ def test_cpu_torchvision_needs_a_source_before_anything_is_built(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "build.py"), "build", "cpu", "--dry-run", "-o",
                              str(tmp_path / "b"), "--without", "torchvision"], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and " build " in result.stdout, result.stderr
+
+
+def test_testing_an_image_that_is_not_built_is_one_line(capsys):
+    from buildsys.cli import main
+    assert main(["--registry", "nowhere.invalid", "test", "cpu-pytorch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["build.py: test cpu-pytorch: no image nowhere.invalid/distributed-training-framework:cpu-pytorch on "
+                   "this engine; build it first (build.py build cpu-pytorch)"]
