@@ -114,7 +114,8 @@ def cmd_list(matrix, version, registry) -> int:
         print(f"  base:        {v.base_image()}  python {v.python}  accelerator {v.accelerator}")
         if v.cuda:
             print(f"  cuda:        CUDA {v.cuda.version}, cuDNN {v.cuda.cudnn}, NCCL {v.cuda.nccl} "
-                  f"(nvidia-nccl-cu12), arch {','.join(v.cuda.arch_list)}")
+                  f"(nvidia-nccl-cu{compat.cuda_major(v.cuda.version)}), arch {','.join(v.cuda.arch_list)}, "
+                  f"nvcc {compat.cuda_compiler(v).cuda} ({compat.cuda_compiler(v).source})")
         print(f"  torch:       {versions.get('torch', '-')}")
         if v.xla:
             print(f"  torch-xla:   {v.xla.version}, libtpu {v.xla.libtpu}")

@@ -9,7 +9,9 @@ Every number here was read from the packages themselves (the wheels' metadata on
 * TensorFlow: the `and-cuda` extra gives the CUDA runtime, cuDNN and NCCL a release was
   built for; wheels exist for the Python versions in `python`.
 * Debian: the Python 3 of each release (bookworm 3.11, trixie 3.13); trixie non-free is
-  also where the builder's CUDA 12.4 toolkit (nvcc) comes from.
+  also where the builder's CUDA 12.4 toolkit (nvcc) comes from. CUDA 13's nvcc is on PyPI
+  (`cuda-toolkit[nvcc]`: nvidia-cuda-nvcc, -crt, nvvm, read from the wheels' RECORD), so it
+  installs on any Debian release (`CUDA_COMPILERS`).
 * torch-xla: its wheels declare no torch requirement at all, yet `_XLAC` links against
   libtorch's C++ symbols: torch-xla 2.9.0 with torch 2.13 fails to import (`undefined
   symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE`), with torch 2.9.0 it runs. Its
@@ -77,6 +79,10 @@ TORCH: dict[str, TorchRelease] = {
     "2.9": TorchRelease(("3.10", "3.14"), ("12.6", "12.8", "13.0"), "12.8", "9.10.2.21", "2.27.5"),
     # 2.13's PyPI wheel is a CUDA 13 build (nvidia-*-cu13); only its CPU build is used here.
     "2.13": TorchRelease(("3.10", "3.14"), ("12.6", "13.0"), "13.0", "9.20.0.48", "2.29.7"),
+    # 2.14.1's PyPI wheel (torch.version.cuda '13.0') pins cuda-toolkit[...]==13.0.3,
+    # nvidia-cudnn-cu13 9.24.0.43, nvidia-nccl-cu13 2.30.7; cp310..cp314 wheels (PyPI's simple
+    # index, 2026-12-02). download.pytorch.org's other CUDA builds were not read here.
+    "2.14": TorchRelease(("3.10", "3.14"), ("13.0",), "13.0", "9.24.0.43", "2.30.7"),
 }
 
 
@@ -98,6 +104,7 @@ TORCH_COMPANIONS: dict[str, Companions] = {
     "2.7.1": Companions("0.22.1", "2.7.1"),
     "2.8.0": Companions("0.23.0", "2.8.0"),
     "2.13.0": Companions("0.28.0", None),
+    "2.14.1": Companions("0.29.1", None),     # torchvision 0.29.1: Requires-Dist torch>=2.14.0
 }
 
 
@@ -159,12 +166,37 @@ MXNET: dict[str, MxnetRelease] = {
 # The Python 3 that each Debian release ships: the image's interpreter comes from its base.
 DISTRO_PYTHON: dict[str, str] = {"bookworm": "3.11", "trixie": "3.13"}
 
-# CUDA toolkits the builder stage can install (nvcc is not published on PyPI for CUDA 12):
-# Debian trixie non-free ships nvidia-cuda-toolkit 12.4. Code it compiles runs on any
-# CUDA 12.x runtime >= 12.4 (CUDA minor-version compatibility).
-BUILDER_NVCC: dict[str, str] = {"trixie": "12.4"}
-# nvcc 12.4 accepts GCC <= 13; trixie's default is GCC 14, so CUDA code uses this one.
-BUILDER_CUDA_HOST_CXX: dict[str, str] = {"trixie": "/usr/bin/g++-13"}
+@dataclass(frozen=True)
+class CudaCompiler:
+    """Where the builder stage's nvcc comes from for one CUDA major. Code it compiles runs on
+    any runtime of that major at least as new as it (CUDA minor-version compatibility)."""
+    cuda: str                        # the nvcc's CUDA version
+    source: str                      # "debian": apt, trixie non-free; "pypi": the cuda-toolkit wheels
+    distros: tuple[str, ...]         # Debian releases it installs on
+    host_cxx: dict[str, str]         # distro -> the C++ compiler nvcc needs, where not the default
+    lowest_arch: str                 # the oldest compute capability it compiles for
+
+
+CUDA_COMPILERS: dict[int, CudaCompiler] = {
+    # nvcc is not published on PyPI for CUDA 12 (nvidia-cuda-nvcc-cu12 has ptxas only): Debian
+    # trixie non-free ships nvidia-cuda-toolkit 12.4. nvcc 12.4 accepts GCC <= 13; trixie's
+    # default is GCC 14, so CUDA code uses g++-13.
+    12: CudaCompiler("12.4", "debian", ("trixie",), {"trixie": "/usr/bin/g++-13"}, "5.0"),
+    # CUDA 13's wheels carry the whole compiler (bin/nvcc, crt, nvvm) under nvidia/cu13, the
+    # tree torch's CUDA 13 wheels load their libraries from; nvcc 13.0 accepts GCC <= 15 and no
+    # longer compiles for compute capabilities below 7.5.
+    13: CudaCompiler("13.0", "pypi", ("bookworm", "trixie"), {}, "7.5"),
+}
+
+
+def cuda_major(version: str) -> int:
+    return parse_version(version)[0]
+
+
+def cuda_compiler(variant) -> CudaCompiler | None:
+    """The builder's nvcc for a CUDA variant (None: not a CUDA variant, or no compiler known)."""
+    return CUDA_COMPILERS.get(cuda_major(variant.cuda.version)) if variant.cuda else None
+
 
 # Horovod releases whose patches live in images/patches/horovod-<version>/.
 HOROVOD_PATCHED = ("0.28.1",)
@@ -220,10 +252,10 @@ def check_torch(variant) -> list[tuple[str, str]]:
     if tag is None:
         # The PyPI wheel pins cuDNN and NCCL: the matrix must say what will really be installed.
         if variant.cuda.cudnn != release.cudnn:
-            problems.append(("cuda.cudnn", f"{variant.cuda.cudnn!r} differs from the nvidia-cudnn-cu12 that "
+            problems.append(("cuda.cudnn", f"{variant.cuda.cudnn!r} differs from the nvidia-cudnn-cu{cuda_major(cuda)} that "
                                            f"torch {version} pins; allowed: {release.cudnn!r}"))
         if variant.cuda.nccl != release.nccl:
-            problems.append(("cuda.nccl", f"{variant.cuda.nccl!r} differs from the nvidia-nccl-cu12 that "
+            problems.append(("cuda.nccl", f"{variant.cuda.nccl!r} differs from the nvidia-nccl-cu{cuda_major(cuda)} that "
                                           f"torch {version} pins; allowed: {release.nccl!r}"))
     return problems
 
@@ -304,13 +336,20 @@ def check_tensorflow(variant) -> list[tuple[str, str]]:
 def check_cuda_toolchain(variant) -> list[tuple[str, str]]:
     if variant.accelerator != "cuda":
         return []
-    nvcc = BUILDER_NVCC.get(variant.distro)
-    if nvcc is None:
-        return [("distro", f"no CUDA 12 compiler can be installed on Debian {variant.distro}; "
-                           f"allowed: {', '.join(BUILDER_NVCC)}")]
-    if parse_version(variant.cuda.version) < parse_version(nvcc):
-        return [("cuda.version", f"the builder's nvcc is CUDA {nvcc}, newer than the runtime "
-                                 f"{variant.cuda.version}; allowed: CUDA >= {nvcc}")]
+    compiler = cuda_compiler(variant)
+    if compiler is None:
+        return [("cuda.version", f"no CUDA compiler is known for CUDA {variant.cuda.version}; allowed: CUDA "
+                                 + ", ".join(f"{major}.x" for major in CUDA_COMPILERS))]
+    if variant.distro not in compiler.distros:
+        return [("distro", f"no CUDA {cuda_major(compiler.cuda)} compiler can be installed on Debian "
+                           f"{variant.distro}; allowed: {', '.join(compiler.distros)}")]
+    if parse_version(variant.cuda.version) < parse_version(compiler.cuda):
+        return [("cuda.version", f"the builder's nvcc is CUDA {compiler.cuda}, newer than the runtime "
+                                 f"{variant.cuda.version}; allowed: CUDA >= {compiler.cuda}")]
+    too_old = [arch for arch in variant.cuda.arch_list if parse_version(arch) < parse_version(compiler.lowest_arch)]
+    if too_old:
+        return [("cuda.arch_list", f"nvcc {compiler.cuda} does not compile for compute capability "
+                                   f"{', '.join(too_old)}; allowed: {compiler.lowest_arch} and newer")]
     return []
 
 

@@ -160,6 +160,11 @@ def requirements(v: Variant) -> dict[str, str]:
     build = ["# Builder stage only: what compiling Horovod needs.",
              "cmake>=3.18,<4", "setuptools<81", "wheel",
              "cffi>=1.4.0"]  # Horovod setup_requires
+    compiler = compat.cuda_compiler(v)
+    if compiler and compiler.source == "pypi":
+        # CUDA's compiler from the same cuda-toolkit release torch pinned (already installed:
+        # the range keeps it), into the builder's throw-away copy of the frameworks' venv.
+        build.append(f"cuda-toolkit[nvcc,cccl]=={v.cuda.version}.*")
     return {"runtime.txt": "\n".join(runtime) + "\n",
             "runtime-nodeps.txt": "\n".join(nodeps) + "\n",
             "build.txt": "\n".join(build) + "\n"}
@@ -205,12 +210,35 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
     if hvd.gpu_operations:
         env += [
             ("HOROVOD_GPU_OPERATIONS", hvd.gpu_operations.upper()),
-            ("HOROVOD_CUDA_HOME", "/usr"),
+            ("HOROVOD_CUDA_HOME", cuda_home(v)),
             ("HOROVOD_NCCL_LINK", "SHARED"),
             ("HOROVOD_BUILD_CUDA_CC_LIST", ",".join(a.replace(".", "") for a in v.cuda.arch_list)),
-            ("CUDAHOSTCXX", compat.BUILDER_CUDA_HOST_CXX[v.distro]),
         ]
+        compiler = compat.cuda_compiler(v)
+        if compiler.host_cxx.get(v.distro):
+            env.append(("CUDAHOSTCXX", compiler.host_cxx[v.distro]))
+        if compiler.source == "pypi":
+            # torch's extension build finds cudart under CUDA_HOME (else above the nvcc on PATH).
+            env.append(("CUDA_HOME", cuda_home(v)))
     return env
+
+
+def cuda_home(v: Variant) -> str:
+    """The builder's CUDA toolkit root: Debian's under /usr, or the cuda-toolkit wheels' tree
+    (nvidia/cu13) in the frameworks' venv."""
+    if compat.cuda_compiler(v).source == "debian":
+        return "/usr"
+    return f"/opt/venv/lib/python{v.python}/site-packages/nvidia/cu{compat.cuda_major(v.cuda.version)}"
+
+
+def builder_apt(v: Variant) -> list[str]:
+    """Debian packages of the builder stage: compilers, headers, and Debian's CUDA toolkit
+    where the variant's nvcc comes from Debian."""
+    packages = ["build-essential", "python3-dev", "libopenmpi-dev", "patch"]
+    compiler = compat.cuda_compiler(v)
+    if compiler and compiler.source == "debian":
+        packages.append("nvidia-cuda-toolkit")
+    return packages
 
 
 def runtime_env(v: Variant) -> list[tuple[str, str]]:
@@ -259,7 +287,7 @@ PY_SPY = "py-spy==0.4.3"
 def render_dockerfile(v: Variant) -> str:
     text = _environment().get_template("Dockerfile.j2").render(v=v, labels=labels(v), horovod_env=horovod_env(v),
                                                                 runtime_env=runtime_env(v), runtime_apt=runtime_apt(v),
-                                                                torch_extras=v.torch_companions(), py_spy=PY_SPY)
+                                                                builder_apt=builder_apt(v), torch_extras=v.torch_companions(), py_spy=PY_SPY)
     # Collapse the blank-line runs left by `{% if %}` blocks that rendered nothing.
     lines, blank = [], 0
     for line in text.splitlines():

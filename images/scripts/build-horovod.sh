@@ -23,6 +23,16 @@ if [ "${HOROVOD_GPU_OPERATIONS:-}" = "NCCL" ]; then
     purelib="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     export HOROVOD_NCCL_HOME="$purelib/nvidia/nccl"
     ln -sf libnccl.so.2 "$HOROVOD_NCCL_HOME/lib/libnccl.so"
+    # CUDA 13's wheels make a toolkit tree (nvidia/cu13) that lacks two links a toolkit has:
+    # lib64 (where nvcc.profile looks for cudart_static and cudadevrt) and libcudart.so.
+    home="${HOROVOD_CUDA_HOME:-}"
+    if [[ "$home" == */nvidia/cu[0-9]* ]]; then
+        if [ ! -e "$home/lib64" ]; then ln -s lib "$home/lib64"; fi
+        cudart="$(find "$home/lib" -maxdepth 1 -name 'libcudart.so.*' | head -n 1)"
+        if [ -n "$cudart" ] && [ ! -e "$home/lib/libcudart.so" ]; then
+            ln -s "$(basename "$cudart")" "$home/lib/libcudart.so"
+        fi
+    fi
 fi
 
 # -k: report every file that fails, not just the first.

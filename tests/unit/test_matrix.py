@@ -1,6 +1,7 @@
 """matrix.yaml validation: the real file loads; every kind of bad input is one clear error."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -233,6 +234,35 @@ def test_unpatched_horovod_version():
 def test_cuda_on_a_distro_without_nvcc():
     message = broken(lambda d: d["variants"]["cu124"].update(distro="bookworm", python="3.11"))
     assert "field 'distro'" in message and "trixie" in message
+
+
+def test_cuda_13_takes_its_compiler_from_pypi_on_any_distro():
+    """CUDA 12's nvcc is Debian trixie's (12.4); CUDA 13's comes from PyPI's cuda-toolkit
+    wheels, so cu130 builds on bookworm; an unknown CUDA major has no compiler."""
+    cu130 = load_matrix(ROOT / "matrix.yaml").variants["cu130"]
+    assert cu130.distro == "bookworm" and compat.cuda_compiler(cu130).source == "pypi"
+    assert compat.cuda_compiler(load_matrix(ROOT / "matrix.yaml").variants["cu124"]).source == "debian"
+    cuda14 = SimpleNamespace(accelerator="cuda", distro="bookworm", cuda=SimpleNamespace(version="14.0",
+                                                                                         arch_list=["9.0"]))
+    [(field, message)] = compat.check_cuda_toolchain(cuda14)
+    assert field == "cuda.version" and "no CUDA compiler is known for CUDA 14.0" in message
+
+
+def test_cuda_13_refuses_compute_capabilities_its_nvcc_dropped():
+    message = broken(lambda d: d["variants"]["cu130"]["cuda"].update(arch_list=["7.0", "8.0"]))
+    assert "field 'cuda.arch_list'" in message and "7.0" in message and "7.5 and newer" in message
+
+
+def test_cuda_13_wheels_are_named_for_their_major():
+    message = broken(lambda d: d["variants"]["cu130"]["cuda"].update(nccl="2.27.3"))
+    assert "field 'cuda.nccl'" in message and "nvidia-nccl-cu13" in message and "'2.30.7'" in message
+
+
+def test_tensorflow_cannot_share_cuda_13():
+    def add_tf(d):
+        d["variants"]["cu130"]["tensorflow"] = {"package": "tensorflow", "version": "2.21.0", "keras": "tf-keras"}
+    message = broken(add_tf)
+    assert "field 'cuda.version'" in message and "CUDA 12.5 or a newer 12.x" in message
 
 
 def test_alias_collision():

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from buildsys import render
+from buildsys import compat, render
 from buildsys.ci import ci_matrix
 from buildsys.matrix import load_matrix
 from buildsys.tags import tags
@@ -80,7 +80,9 @@ def test_multi_stage_layout(name):
     assert "ca_cert" not in "".join(l for l in text.splitlines() if l.startswith(("COPY", "ADD", "ENV")))
     if v.accelerator == "cuda":
         assert 'HOROVOD_GPU_OPERATIONS="NCCL"' in text and 'HOROVOD_NCCL_LINK="SHARED"' in text
-        assert "nvidia-cuda-toolkit" in text.split("AS builder", 1)[1].split("AS wheels", 1)[0]
+        builder = text.split("AS builder", 1)[1].split("AS wheels", 1)[0]
+        from_debian = compat.cuda_compiler(v).source == "debian"      # else PyPI's (build.txt)
+        assert ("nvidia-cuda-toolkit" in builder) == from_debian
 
 
 def test_nccl_link_and_patches_are_in_the_context():
@@ -167,6 +169,25 @@ def test_cuda_tensorflow_takes_its_cuda_wheels_with_torchs_pins():
     assert "tensorflow[and-cuda]==2.20.0" in runtime and "torch==2.7.1" in runtime
     assert "nvidia-cuda-nvcc-cu12==12.6.*" in runtime
     assert not [line for line in runtime if line.startswith("nvidia-") and "nvcc" not in line]
+
+
+def test_cuda_13_builder_compiles_with_pypis_nvcc_in_the_frameworks_venv():
+    """cu130: no Debian CUDA toolkit (nor non-free) in the builder; the build requirements add
+    the cuda-toolkit release torch pinned with its nvcc, and Horovod and torch's extension
+    build find it under nvidia/cu13 of the bind-mounted venv."""
+    v = MATRIX.variants["cu130"]
+    builder = render.render_dockerfile(v).split("AS builder", 1)[1].split("\nFROM ", 1)[0]
+    assert "nvidia-cuda-toolkit" not in builder and "--non-free" not in builder
+    assert "cuda-toolkit[nvcc,cccl]==13.0.*" in render.requirements(v)["build.txt"].splitlines()
+    env = dict(render.horovod_env(v))
+    home = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13"
+    assert env["HOROVOD_CUDA_HOME"] == env["CUDA_HOME"] == home and "CUDAHOSTCXX" not in env
+    assert env["HOROVOD_BUILD_CUDA_CC_LIST"] == "75,80,86,89,90,100,120"
+    cu128 = MATRIX.variants["cu128"]
+    assert dict(render.horovod_env(cu128))["HOROVOD_CUDA_HOME"] == "/usr"
+    assert dict(render.horovod_env(cu128))["CUDAHOSTCXX"] == "/usr/bin/g++-13"
+    assert "nvidia-cuda-toolkit" in render.render_dockerfile(cu128)
+    assert "cuda-toolkit" not in render.requirements(cu128)["build.txt"]
 
 
 @pytest.mark.parametrize("name", VARIANTS)
