@@ -60,8 +60,13 @@ def test_multi_stage_layout(name):
     v = MATRIX.variants[name]
     text = render.render_dockerfile(v)
     stages = re.findall(r"^FROM (\S+) AS (\w+)", text, re.M)
-    compiled = ["builder", "wheels"] if v.compiles_wheels() else []
+    # The compilers, then Horovod and mpi4py in stages of their own (BuildKit builds them at
+    # once; mpi4py does not wait for the frameworks), and their wheels in one scratch stage.
+    compiled = (["builder"] + ["horovod"] * bool(v.horovod) + ["mpi4py"] * bool(v.mpi4py) + ["wheels"]
+                if v.compiles_wheels() else [])
     assert [s[1] for s in stages] == ["base", "frameworks", *compiled, "runtime"]
+    parents = {stage: parent for parent, stage in stages}
+    assert all(parents[stage] == "builder" for stage in ("horovod", "mpi4py") if stage in parents)
     assert dict((stage, parent) for parent, stage in stages)["runtime"] == "frameworks"
     assert "# syntax=" not in text
     runtime = text.split("AS runtime", 1)[1]
