@@ -59,14 +59,16 @@ def export_tests(git_dir: Path, version: str, dest: Path) -> Path:
 
 
 # What the suites import beyond the image: pytest, and test/utils/common.py's mock and
-# the TensorFlow suites' parameterized (pure Python; installed here, mounted read-only).
+# the TensorFlow suites' parameterized (pure Python; installed here, mounted read-only), with
+# pytest's own pluggy, iniconfig and pygments (the cpu image has pygments through TensorFlow,
+# images without TensorFlow do not).
 TEST_PACKAGES = ("pytest", "mock", "parameterized")
 
 
 def install_pytest(dest: Path) -> Path:
     if not all((dest / name).is_dir() for name in TEST_PACKAGES):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest),
-                        *TEST_PACKAGES, "pluggy", "iniconfig"], check=True)
+                        *TEST_PACKAGES, "pluggy", "iniconfig", "pygments"], check=True)
     return dest
 
 
