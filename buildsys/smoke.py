@@ -200,11 +200,28 @@ def _extra_bytes(files: list[SharedObject]) -> int:
     return sum(f.size for f in files) - max(f.size for f in files)
 
 
+# Second copies of a library kept on purpose: a folder (part of a path) and why. Its files
+# are left out of the count, and the check's line says so.
+KEPT_ON_PURPOSE = {
+    "triton/backends/nvidia/lib/cupti-blackwell/":
+        "Triton's profiler loads this newer CUPTI on Blackwell GPUs (compute capability >= 10.0) "
+        "instead of the variant's (triton.profiler.profile: arch >= 100)",
+}
+
+
+def kept_on_purpose(obj: SharedObject) -> str | None:
+    return next((folder for folder in KEPT_ON_PURPOSE if folder in obj.path), None)
+
+
 def check_duplicates(objects: list[SharedObject], shown: int = 12) -> tuple[bool, str]:
+    kept = [o for o in objects if kept_on_purpose(o)]
+    objects = [o for o in objects if not kept_on_purpose(o)]
     layers = len({o.layer for o in objects})
     duplicates = duplicate_sonames(objects)
     if not duplicates:
-        return True, f"{len(objects)} shared libraries (in {layers} of the layers), each soname once"
+        also = (f"; kept on purpose: {len(kept)} in " + ", ".join(sorted({kept_on_purpose(o) for o in kept}))
+                if kept else "")
+        return True, f"{len(objects)} shared libraries (in {layers} of the layers), each soname once{also}"
     extra = sum(_extra_bytes(files) for files in duplicates.values())
     lines = [f"{name}: {len(files)} files, {_extra_bytes(files) / 1e6:.1f} MB extra: "
              + ", ".join(f"{f.path} (layer {_layer_id(f.layer)})" for f in files)

@@ -114,3 +114,17 @@ def test_duplicates_are_ordered_by_wasted_bytes_and_the_list_is_capped():
     assert not ok
     assert "(0 MB extra)" in detail.splitlines()[0] and "libbig.so.1: 3 files, 0.0 MB extra" in detail
     assert "libsmall.so.1:" not in detail and "... and 1 more" in detail
+
+
+def test_triton_s_blackwell_cupti_is_a_second_copy_kept_on_purpose():
+    """Triton 3.8 ships a newer CUPTI for Blackwell next to its own: kept, named, not counted;
+    the same library anywhere else still counts."""
+    wheel = smoke.SharedObject("l0", "opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcupti.so.13",
+                               "libcupti.so.13", 4_000_000)
+    blackwell = smoke.SharedObject("l0", "opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/lib/"
+                                   "cupti-blackwell/libcupti.so", "libcupti.so.13", 6_000_000)
+    ok, detail = smoke.check_duplicates([wheel, blackwell])
+    assert ok and "1 shared libraries" in detail and "kept on purpose: 1 in triton/backends/nvidia/lib/cupti-blackwell/" in detail
+    elsewhere = smoke.SharedObject("l1", "opt/venv/lib/vendored/libcupti.so.13", "libcupti.so.13", 4_000_000)
+    ok, detail = smoke.check_duplicates([wheel, blackwell, elsewhere])
+    assert not ok and "libcupti.so.13: 2 files" in detail and "cupti-blackwell" not in detail
