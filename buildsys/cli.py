@@ -113,9 +113,10 @@ def cmd_list(matrix, version, registry) -> int:
         print(f"  tags:        {', '.join(variant_tags(v, matrix.repository, version, registry))}")
         print(f"  base:        {v.base_image()}  python {v.python}  accelerator {v.accelerator}")
         if v.cuda:
+            nvcc = compat.cuda_compiler(v)
             print(f"  cuda:        CUDA {v.cuda.version}, cuDNN {v.cuda.cudnn}, NCCL {v.cuda.nccl} "
                   f"(nvidia-nccl-cu{compat.cuda_major(v.cuda.version)}), arch {','.join(v.cuda.arch_list)}, "
-                  f"nvcc {compat.cuda_compiler(v).cuda} ({compat.cuda_compiler(v).source})")
+                  f"nvcc {nvcc.cuda} ({nvcc.source})")
         print(f"  torch:       {versions.get('torch', '-')}")
         if v.xla:
             print(f"  torch-xla:   {v.xla.version}, libtpu {v.xla.libtpu}")

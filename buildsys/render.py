@@ -208,9 +208,10 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
         env.append((f"HOROVOD_{'WITH' if controller in hvd.controllers else 'WITHOUT'}_{controller.upper()}", "1"))
     env.append(("HOROVOD_CPU_OPERATIONS", hvd.cpu_operations.upper()))
     if hvd.gpu_operations:
+        home = cuda_home(v)
         env += [
             ("HOROVOD_GPU_OPERATIONS", hvd.gpu_operations.upper()),
-            ("HOROVOD_CUDA_HOME", cuda_home(v)),
+            ("HOROVOD_CUDA_HOME", home),
             ("HOROVOD_NCCL_LINK", "SHARED"),
             ("HOROVOD_BUILD_CUDA_CC_LIST", ",".join(a.replace(".", "") for a in v.cuda.arch_list)),
         ]
@@ -219,7 +220,7 @@ def horovod_env(v: Variant) -> list[tuple[str, str]]:
             env.append(("CUDAHOSTCXX", compiler.host_cxx[v.distro]))
         if compiler.source == "pypi":
             # torch's extension build finds cudart under CUDA_HOME (else above the nvcc on PATH).
-            env.append(("CUDA_HOME", cuda_home(v)))
+            env.append(("CUDA_HOME", home))
     return env
 
 

@@ -214,12 +214,13 @@ def kept_on_purpose(obj: SharedObject) -> str | None:
 
 
 def check_duplicates(objects: list[SharedObject], shown: int = 12) -> tuple[bool, str]:
-    kept = [o for o in objects if kept_on_purpose(o)]
-    objects = [o for o in objects if not kept_on_purpose(o)]
+    folders = {o: kept_on_purpose(o) for o in objects}
+    kept = [o for o in objects if folders[o]]
+    objects = [o for o in objects if not folders[o]]
     layers = len({o.layer for o in objects})
     duplicates = duplicate_sonames(objects)
     if not duplicates:
-        also = (f"; kept on purpose: {len(kept)} in " + ", ".join(sorted({kept_on_purpose(o) for o in kept}))
+        also = (f"; kept on purpose: {len(kept)} in " + ", ".join(sorted({folders[o] for o in kept}))
                 if kept else "")
         return True, f"{len(objects)} shared libraries (in {layers} of the layers), each soname once{also}"
     extra = sum(_extra_bytes(files) for files in duplicates.values())
