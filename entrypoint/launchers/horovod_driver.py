@@ -50,7 +50,9 @@ def _order_key(host: str, i: int) -> str:
 
 class StoreDiscovery(HostDiscovery):
     """Horovod's HostDiscovery over the job store: every node that has joined, published
-    its process count, not finished, and still heartbeats."""
+    its process count, not finished, and still heartbeats, in node-rank order. Horovod ranks
+    hosts found together in that order (patch 0008), so global rank 0, Horovod's
+    coordinator, is on the master, which the job cannot outlive anyway."""
 
     def __init__(self, store: JobStore, config: Config):
         super().__init__()

@@ -2,6 +2,7 @@
 tags, and hadolint (pinned, from PyPI) on every variant."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -106,7 +107,7 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         sdist.extractall(tmp_path, filter="data")
     src = tmp_path / "horovod-0.28.1"
     patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
-    assert len(patches) == 7
+    assert len(patches) == 8
     for patch in patches:
         result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
                                  str(patch)], capture_output=True, text=True)
@@ -121,6 +122,20 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
     assert torch_cmake.index("set(CMAKE_CXX_STANDARD 17)") < torch_cmake.index("set(CMAKE_CXX_STANDARD 20)")
     join = (src / "horovod/torch/mpi_ops.py").read_text().split("def join(", 1)[1].split("\ndef ", 1)[0]
     assert "if device >= 0 and not torch.cuda.is_available():" in join
+    # 0008: elastic hosts found together are ranked in discovery's order, whatever the hash seed.
+    ranked = """
+from horovod.runner.elastic.discovery import HostDiscovery, HostManager
+class Listed(HostDiscovery):
+    def find_available_hosts_and_slots(self):
+        return {"node0": 1, "node1": 2, "node2": 1}
+hosts = HostManager(Listed())
+hosts.update_available_hosts()
+print(hosts.current_hosts.host_assignment_order)
+"""
+    for seed in range(6):
+        result = subprocess.run([sys.executable, "-c", ranked], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": str(seed)})
+        assert result.stdout.strip() == "['node0', 'node1', 'node2']", result.stdout + result.stderr
 
 
 def test_labels_carry_every_component_version():
