@@ -37,6 +37,7 @@ from ..processes import ProcessSpec
 from ..signals import Signals
 from ..supervision import POLL_INTERVAL, supervise
 from ..supervisor import Children
+from ..tunnel import Gate, Tunnel
 from ..watch import Heartbeats, JobWatch
 from .horovod import gloo_env, host_name, node_env, node_rank_of, slot_env
 from .horovod_server import HorovodRendezvous
@@ -83,9 +84,22 @@ class HorovodElasticDriver:
         self.store, self.config, self.log = store, c, log
         self.min_np, self.max_np = c.min_nodes * plan.nproc, c.max_nodes * plan.nproc
         self.discovery = StoreDiscovery(store, c)
-        self.server = HorovodRendezvous(c.horovod_port)
+        gated = store.identity is not None
+        # Behind JOB_SECRET, as fixed-size Horovod's (tunnel.Gated): Horovod's HTTP server on
+        # loopback (it has no authentication, and its handlers unpickle request bodies), a
+        # Gate on HOROVOD_PORT, the master's own workers on `local_port`.
+        self.server = HorovodRendezvous(0, "127.0.0.1") if gated else HorovodRendezvous(c.horovod_port)
         self.driver = ElasticDriver(self.server, self.discovery, self.min_np, self.max_np, timeout=c.rdzv_timeout)
-        self.port = self.server.start(create_rendezvous_handler(self.driver))
+        served = self.server.start(create_rendezvous_handler(self.driver))
+        self.gate, self.local_port, self.port = None, None, served
+        if gated:
+            try:
+                self.gate = Gate(c.horovod_port, served, store.identity.server_context(), log.say).start()
+            except OSError as exc:
+                self.driver.stop()
+                raise OSError(f"cannot serve Horovod's rendezvous on port {c.horovod_port} (HOROVOD_PORT): "
+                              f"{exc.strerror}") from None
+            self.local_port, self.port = served, c.horovod_port
         self.thread = threading.Thread(target=self._run, name="horovod-elastic-driver", daemon=True)
 
     def start(self) -> None:
@@ -93,6 +107,8 @@ class HorovodElasticDriver:
 
     def stop(self) -> None:
         self.driver.stop()
+        if self.gate is not None:
+            self.gate.stop()
 
     def _run(self) -> None:
         try:
@@ -180,11 +196,29 @@ class HorovodElasticNode:
         self.children = Children(base_env, plan.config.grace_period, log)
         self.orders: dict[int, tuple[ProcessSpec, object]] = {}
         self.reported: set[int] = set()
+        self.tunnel: Tunnel | None = None
 
     def run(self) -> Outcome:
-        outcome = supervise(self, self.watch, self.signals, self.log)
-        self.children.stop_all()
-        return outcome
+        try:
+            outcome = supervise(self, self.watch, self.signals, self.log)
+            self.children.stop_all()
+            return outcome
+        finally:
+            if self.tunnel is not None:
+                self.tunnel.stop()
+
+    def _rendezvous(self, order_env: dict[str, str]) -> tuple[str, int] | None:
+        """Where this node's workers reach the driver's rendezvous behind JOB_SECRET: on the
+        master its loopback port (the placement's), elsewhere this node's tunnel to the Gate
+        on the port the driver gave (one tunnel for the node's life). None: as ordered."""
+        if self.store.identity is None:
+            return None
+        if self.plan.config.role == "master":
+            return self.placement.horovod_addr, self.placement.horovod_port
+        if self.tunnel is None:
+            port = int(order_env["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+            self.tunnel = Tunnel(self.plan.config.master_addr, port, self.store.identity.client_context()).start()
+        return "127.0.0.1", self.tunnel.port
 
     # ----------------------------------------------------------------- Supervised
     def poll(self) -> Outcome | None:
@@ -207,7 +241,7 @@ class HorovodElasticNode:
         count = self.store.add(f"hvd/{self.host}/orders", 0)
         for i in range(len(self.orders) + 1, count + 1):
             order = json.loads(self.store.get(_order_key(self.host, i)))
-            spec = self.plan.launcher.ordered(self.plan, self.placement, order["env"])
+            spec = self.plan.launcher.ordered(self.plan, self.placement, order["env"], self._rendezvous(order["env"]))
             self.orders[i] = (spec, self.children.start(spec))
 
     def _report_exits(self) -> None:

@@ -24,7 +24,8 @@ class HorovodElastic(Launcher):
                 f"{c.max_nodes} nodes from the job store")
 
     def open_despite_secret(self) -> list[str]:
-        return ["Horovod's elastic rendezvous on HOROVOD_PORT (its driver's own services check Horovod's HMAC key)"]
+        return ["the workers' notification services, which Horovod's driver calls on each node (they check "
+                "Horovod's HMAC key)"]
 
     def serve(self, plan, nodes, store, log):
         from .horovod_driver import HorovodElasticDriver
@@ -36,10 +37,16 @@ class HorovodElastic(Launcher):
     def processes(self, plan, placement) -> list[ProcessSpec]:
         return []                  # Horovod's ElasticDriver orders them, one at a time
 
-    def ordered(self, plan, placement, order_env: dict[str, str]) -> ProcessSpec:
+    def ordered(self, plan, placement, order_env: dict[str, str],
+                rendezvous: tuple[str, int] | None = None) -> ProcessSpec:
         """One worker the driver ordered for this node: the slot's environment (the driver's)
-        on top of what this node gives every Horovod worker."""
+        on top of what this node gives every Horovod worker; `rendezvous`, this node's own
+        way to the driver's rendezvous where it differs from the driver's address (behind
+        JOB_SECRET: the master's loopback port, another node's tunnel to the Gate)."""
         env = {**plan.env, **node_env(placement.iface, placement.node_rank), **order_env}
+        if rendezvous is not None:
+            addr, port = rendezvous
+            env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=addr, HOROVOD_GLOO_RENDEZVOUS_PORT=str(port))
         return ProcessSpec(f"rank {env['HOROVOD_RANK']}", self.script(plan.python), env)
 
     def runner(self, plan, job, base_env, log, signals):

@@ -118,16 +118,25 @@ def test_without_a_secret_a_stranger_runs_code_in_the_agents_and_stops_the_job(j
     assert codes != [0, 0], master.output[-3000:]
 
 
-def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rendezvous(jobs, tmp_path):
+# Fixed-size Horovod's rendezvous (served with the launch) and elastic Horovod's (its
+# ElasticDriver's, hvd.elastic): both behind a Gate on HOROVOD_PORT.
+HOROVOD_JOBS = {"fixed": {}, "elastic": dict(MIN_NODES=2, MAX_NODES=2)}
+
+
+@pytest.mark.parametrize("kind", HOROVOD_JOBS)
+def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rendezvous(jobs, tmp_path, kind):
     import urllib.error
     import urllib.request
 
     job = jobs.start(2, ["--steps", "40", "--step-delay", "0.1"], FRAMEWORK="pytorch", LAUNCHER="horovod",
-                     JOB_SECRET=SECRET)
+                     JOB_SECRET=SECRET, **HOROVOD_JOBS[kind])
     master = job[0]
     wait_for(master, "TRAINING rank=0", 120)
     ports = {int(master.env["MASTER_PORT"]), int(master.env["HOROVOD_PORT"])}
-    assert listening_everywhere(job) == ports
+    everywhere = listening_everywhere(job)
+    assert ports <= everywhere
+    # Elastic: also each rank's notification service, which Horovod's driver calls (HMAC-checked).
+    assert len(everywhere - ports) == (2 if kind == "elastic" else 0), everywhere
     planted = tmp_path / "planted"
     request = urllib.request.Request(f"http://127.0.0.1:{master.env['HOROVOD_PORT']}/global/rank_0",
                                      data=pickle.dumps(Planted(str(planted))), method="PUT")

@@ -81,6 +81,22 @@ def test_elastic_horovod_starts_workers_on_demand_with_the_drivers_own_server():
     assert "ElasticDriver" in p.starts and p.warnings == ()
 
 
+def test_an_ordered_elastic_horovod_worker_reaches_the_rendezvous_by_its_nodes_own_way():
+    """The driver's order names the master's address; behind JOB_SECRET the node gives its
+    own route (its tunnel to the Gate, or the master's loopback port)."""
+    p = plan(LAUNCHER="horovod", MIN_NODES=1, MAX_NODES=3, ROLE="worker", MASTER_ADDR="m")
+    order = {"HOROVOD_RANK": "1", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "m", "HOROVOD_GLOO_RENDEZVOUS_PORT": "29501",
+             "HOROVOD_ELASTIC": "1"}
+    plain = p.launcher.ordered(p, at(1, nodes(1, 1), iface="eth0"), order)
+    tunnelled = p.launcher.ordered(p, at(1, nodes(1, 1), iface="eth0"), order, ("127.0.0.1", 41234))
+    assert plain.label == "rank 1" and plain.env["HOROVOD_GLOO_IFACE"] == "eth0" and plain.env["NODE_RANK"] == "1"
+    assert (plain.env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], plain.env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("m", "29501")
+    assert (tunnelled.env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+            tunnelled.env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("127.0.0.1", "41234")
+    assert {k: v for k, v in tunnelled.env.items() if not k.startswith("HOROVOD_GLOO_RENDEZVOUS")} == \
+           {k: v for k, v in plain.env.items() if not k.startswith("HOROVOD_GLOO_RENDEZVOUS")}
+
+
 def test_fixed_size_torchrun_keeps_torchs_store_sharing():
     p = plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan_processes(p, at(0, nodes(1, 1)))[0].env
