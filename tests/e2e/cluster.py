@@ -68,7 +68,11 @@ class Node:
                                 stdout=open(self.log, mode), stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
+        """Its exit code; a node still running after `timeout` fails the test with its output."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node still running after {timeout}s:\n{self.output[-3000:]}") from None
 
     @property
     def output(self) -> str:
