@@ -37,7 +37,7 @@ from ..processes import ProcessSpec
 from ..signals import Signals
 from ..supervision import POLL_INTERVAL, supervise
 from ..supervisor import Children
-from ..tunnel import Gate, Tunnel
+from ..tunnel import Gated, Tunnel
 from ..watch import Heartbeats, JobWatch
 from .horovod import gloo_env, host_name, node_env, node_rank_of, slot_env
 from .horovod_server import HorovodRendezvous
@@ -90,16 +90,15 @@ class HorovodElasticDriver:
         # Gate on HOROVOD_PORT, the master's own workers on `local_port`.
         self.server = HorovodRendezvous(0, "127.0.0.1") if gated else HorovodRendezvous(c.horovod_port)
         self.driver = ElasticDriver(self.server, self.discovery, self.min_np, self.max_np, timeout=c.rdzv_timeout)
-        served = self.server.start(create_rendezvous_handler(self.driver))
-        self.gate, self.local_port, self.port = None, None, served
+        self.port = self.server.start(create_rendezvous_handler(self.driver))
+        self.gated, self.local_port = None, None
         if gated:
             try:
-                self.gate = Gate(c.horovod_port, served, store.identity.server_context(), log.say).start()
-            except OSError as exc:
+                self.gated = Gated(self.server, c.horovod_port, store.identity.server_context(), log.say)
+            except OSError:
                 self.driver.stop()
-                raise OSError(f"cannot serve Horovod's rendezvous on port {c.horovod_port} (HOROVOD_PORT): "
-                              f"{exc.strerror}") from None
-            self.local_port, self.port = served, c.horovod_port
+                raise
+            self.port, self.local_port = self.gated.port, self.gated.local_port
         self.thread = threading.Thread(target=self._run, name="horovod-elastic-driver", daemon=True)
 
     def start(self) -> None:
@@ -107,8 +106,8 @@ class HorovodElasticDriver:
 
     def stop(self) -> None:
         self.driver.stop()
-        if self.gate is not None:
-            self.gate.stop()
+        if self.gated is not None:
+            self.gated.stop()
 
     def _run(self) -> None:
         try:
