@@ -9,6 +9,11 @@ to 127.0.0.1:<tunnel port> as to any store. A peer without the secret never gets
 handshake: nothing it sends reaches the store. The Gate logs one line per refused peer
 address (then at most one a minute for it, with the count).
 
+A Gate may carry more than one backend: a Tunnel names the one it wants in its TLS server
+name (SNI), and the Gate relays it there if it has a route by that name (`route()`); other
+names go to the Gate's own backend. The per-round stores of torchrun's workers
+(workerstores.py) are reached so, through MASTER_PORT's Gate.
+
 `handshake()` is the workers' probe: it tells "not up yet" from "the master's secret differs"
 and "the master takes no TLS", so a node that cannot get in says why at once.
 
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 HANDSHAKE_TIMEOUT_S = 10.0
+ROUTE_SUFFIX = ".disttrain"    # server names that only a Gate's routes answer (route())
+_SNI = "disttrain_server_name"  # where the server-side SSLObject keeps the name its client asked for
 REFUSAL_QUIET_S = 60.0         # one refusal line per peer address per minute
 CHUNK = 1 << 16
 
@@ -128,13 +135,36 @@ class _Listening:
             _loop().call_soon_threadsafe(server.close)
 
 
+def _note_server_name(ssl_object, server_name: str | None, context) -> None:
+    """The server context's SNI callback: keep the name for the Gate to route by."""
+    setattr(ssl_object, _SNI, server_name)
+
+
 class Gate(_Listening):
-    """TLS on `port` (every interface) -> plain TCP on 127.0.0.1:`backend_port`."""
+    """TLS on `port` (every interface) -> plain TCP on 127.0.0.1:`backend_port`, or on the
+    port routed for the server name the client asked for."""
 
     def __init__(self, port: int, backend_port: int, context: ssl.SSLContext, say: Callable[[str], None],
                  host: str = "0.0.0.0"):
         self.port, self.backend_port, self.context, self.host = port, backend_port, context, host
         self.refusals = Refusals(say)
+        self._routes: dict[str, int] = {}
+        context.sni_callback = _note_server_name
+
+    def route(self, name: str, port: int) -> None:
+        """Relay connections that ask for server name `name` (ending in ROUTE_SUFFIX) to 127.0.0.1:`port`."""
+        assert name.endswith(ROUTE_SUFFIX), name
+        self._routes[name] = port
+
+    def unroute(self, name: str) -> None:
+        self._routes.pop(name, None)
+
+    def _backend_for(self, server_name: str | None) -> int | None:
+        """The port for this server name: its route; None for a route that is gone (a past
+        round's); the Gate's own backend for any other name."""
+        if server_name and server_name.endswith(ROUTE_SUFFIX):
+            return self._routes.get(server_name)
+        return self.backend_port
 
     def start(self) -> "Gate":
         """Raises OSError when the port cannot be served."""
@@ -171,8 +201,12 @@ class Gate(_Listening):
             return
         protocol.connection_made(tls)
         writer = asyncio.StreamWriter(tls, protocol, reader, loop)
+        port = self._backend_for(getattr(tls.get_extra_info("ssl_object"), _SNI, None))
+        if port is None:
+            writer.close()
+            return
         try:
-            backend = await asyncio.open_connection("127.0.0.1", self.backend_port)
+            backend = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
             writer.close()
             return
@@ -195,10 +229,12 @@ class Gated:
 
 
 class Tunnel(_Listening):
-    """127.0.0.1:<port> (chosen free) -> TLS to host:port."""
+    """127.0.0.1:<port> (chosen free) -> TLS to host:port; `server_name`: one of the Gate's
+    routes (Gate.route), else its own backend."""
 
-    def __init__(self, host: str, port: int, context: ssl.SSLContext):
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str | None = None):
         self.host, self.remote_port, self.context = host, port, context
+        self.server_name = server_name or host
         self.port: int | None = None
 
     @property
@@ -215,7 +251,8 @@ class Tunnel(_Listening):
     async def _on_local(self, reader, writer) -> None:
         try:
             remote = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.remote_port, ssl=self.context, server_hostname=self.host),
+                asyncio.open_connection(self.host, self.remote_port, ssl=self.context,
+                                        server_hostname=self.server_name),
                 HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, asyncio.TimeoutError):
             writer.transport.abort()

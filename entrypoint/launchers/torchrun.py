@@ -47,7 +47,7 @@ class TorchrunLaunch:
     local_addr: str | None = None             # where the other nodes reach this one
     monitor_interval: float = MONITOR_INTERVAL_S
     node_rank: int | None = None              # fixed-size, agent in the entrypoint: nodes in this order
-    workers_store: str | None = None          # behind JOB_SECRET: the workers' store is the job store, here
+    workers_stores: bool = False              # behind JOB_SECRET: a store per round on the master (workerstores.py)
 
     @property
     def elastic(self) -> bool:
@@ -107,7 +107,7 @@ class Torchrun(Launcher):
         return f"torchrun --nnodes={nnodes} (c10d rendezvous at {self.endpoint}{xla}{where})"
 
     def open_despite_secret(self) -> list[str]:
-        if self.mode == "distributed" and (self.config.elastic or not self.in_process):
+        if self.mode == "distributed" and not self.in_process:
             return ["the workers' own torch.distributed store (served by global rank 0's process, on every "
                     "interface of its node)"]
         return []
@@ -127,22 +127,21 @@ class Torchrun(Launcher):
             # rank 0 never writes again (pytorch/pytorch#135712). Rounds after the first need
             # torch's opt-out.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        # Behind JOB_SECRET, this node reaches the job store through its tunnel; the workers
-        # of a fixed-size job then use it as their torch.distributed store too (torch would
-        # serve one of its own on every interface of rank 0's node). Elastic jobs keep
-        # torch's (docs/security.md).
-        workers_store = placement.store_endpoint if not c.elastic and self.in_process else None
-        if workers_store:
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # Behind JOB_SECRET, this node reaches the job store through its tunnel, and the
+        # workers' torch.distributed store is a fresh one per round on the master, behind its
+        # Gate (workerstores.py): torch would serve one on every interface of rank 0's node.
+        workers_stores = bool(placement.store_endpoint) and self.in_process
+        if workers_stores:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"        # torch serves no store of its own
         me = placement.me
         # The address the others reach this node at (torchrun's default, the FQDN, may not
         # resolve elsewhere). torchrun orders the nodes by these addresses; a fixed-size job
         # under the agent in the entrypoint orders them by node rank instead (rank 0 on the
-        # master: torchrun_agent._in_node_rank_order); elastic jobs keep torchrun's order.
+        # master: torchrun_agent._in_job_order); elastic jobs keep torchrun's order.
         return TorchrunLaunch(
             nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
             rdzv_endpoint=placement.store_endpoint or self.endpoint,
-            workers_store=workers_store,
+            workers_stores=workers_stores,
             rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after),
             local_addr=me.addr if me else None,
             node_rank=None if c.elastic or not self.in_process else placement.node_rank, **common)

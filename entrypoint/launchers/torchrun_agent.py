@@ -33,6 +33,7 @@ from ..outcome import NodeState, Outcome
 from ..reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from ..signals import Signals
 from ..supervision import POLL_INTERVAL, Watch, supervise
+from ..workerstores import WorkersStores
 from .torchrun import Torchrun, TorchrunLaunch
 
 AGENT_LABEL = "torchrun"
@@ -88,43 +89,45 @@ def launch_config(launch: TorchrunLaunch, python: str, grace_period: float):
     return config, program, args
 
 
-def _in_node_rank_order(handler, node_rank: int, local_addr: str | None, workers_store: str | None = None):
-    """torch's c10d rendezvous handler, with this node's group rank replaced by its rank in
-    the job store (fixed-size jobs): global ranks then follow node ranks, and rank 0 runs on
-    the master, as under the other launchers. c10d numbers the nodes by their sorted
-    descriptors (address, pid), so without this rank 0 lands on whichever node sorts first.
-    Both are permutations of 0..N-1 over the same round, so every node's view agrees.
+def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores=None):
+    """torch's c10d rendezvous handler, with what the job adds to each round:
+
+    `node_rank` (fixed-size jobs): this node's group rank replaced by its rank in the job
+    store, so global ranks follow node ranks and rank 0 runs on the master, as under the
+    other launchers. c10d numbers the nodes by their sorted descriptors (address, pid), so
+    without this rank 0 lands on whichever node sorts first. Both are permutations of
+    0..N-1 over the same round, so every node's view agrees. Elastic jobs keep c10d's.
 
     Where torch does not share its rendezvous store with the workers (restarts enabled:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE), global rank 0's process serves their store at
     MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
     under keys of our own in the round's store.
 
-    `workers_store` (behind JOB_SECRET): the workers' store is the job store, through this
-    node's tunnel, as the agent's store is shared in torch's default (the workers connect as
-    clients; torch serves no store of its own)."""
+    `stores` (behind JOB_SECRET, workerstores.WorkersStores): the workers' store is the
+    round's own store on the master, reached on this node's loopback; every worker is a
+    client (use_agent_store), and no process serves one of its own."""
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
     from torch.distributed.elastic.utils.distributed import get_free_port
 
-    class InNodeRankOrder(RendezvousHandler):
+    class InJobOrder(RendezvousHandler):
         def next_rendezvous(self):
             info = handler.next_rendezvous()
+            rank = info.rank if node_rank is None else node_rank
             bootstrap = info.bootstrap_store_info
-            if workers_store:
-                host, port = workers_store.rsplit(":", 1)
-                bootstrap = RendezvousStoreInfo(host, int(port))
+            if stores is not None:
+                bootstrap = RendezvousStoreInfo("127.0.0.1", stores.open(info.store))
             elif not handler.use_agent_store:
                 store = info.store
-                if node_rank == 0:
+                if rank == 0:
                     store.set("disttrain/master_addr", local_addr or bootstrap.master_addr)
                     store.set("disttrain/master_port", str(get_free_port()))
                 bootstrap = RendezvousStoreInfo(store.get("disttrain/master_addr").decode(),
                                                 int(store.get("disttrain/master_port").decode()))
-            return RendezvousInfo(info.store, node_rank, info.world_size, bootstrap)
+            return RendezvousInfo(info.store, rank, info.world_size, bootstrap)
 
         @property
         def use_agent_store(self) -> bool:
-            return bool(workers_store) or handler.use_agent_store
+            return stores is not None or handler.use_agent_store
 
         def get_backend(self):
             return handler.get_backend()
@@ -142,15 +145,17 @@ def _in_node_rank_order(handler, node_rank: int, local_addr: str | None, workers
             return handler.get_run_id()
 
         def shutdown(self):
+            if stores is not None:
+                stores.close()
             return handler.shutdown()
 
-    return InNodeRankOrder()
+    return InJobOrder()
 
 
-def _agent(config, program, args, stop: dict, node_rank: int | None = None, workers_store: str | None = None):
+def _agent(config, program, args, stop: dict, node_rank: int | None = None, stores=None):
     """torch's LocalElasticAgent as launch_agent makes it (torch.distributed.launcher.api),
     checking `stop` each time it checks its workers; with `node_rank` (fixed-size jobs), its
-    nodes in node-rank order."""
+    nodes in node-rank order; with `stores`, the workers' store of each round (_in_job_order)."""
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -170,8 +175,8 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, work
                                   min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)
     handler = rdzv_registry.get_rendezvous_handler(params)
-    if node_rank is not None:
-        handler = _in_node_rank_order(handler, node_rank, config.local_addr, workers_store)
+    if node_rank is not None or stores is not None:
+        handler = _in_job_order(handler, node_rank, config.local_addr, stores)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
                       rdzv_handler=handler, max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
@@ -189,8 +194,11 @@ class InProcessTorchrun:
     node's Outcome, as Supervisor.run() does for a torchrun subprocess."""
 
     def __init__(self, launch: TorchrunLaunch, python: str, grace_period: float, log: Log,
-                 watch: Watch | None = None, signals: Signals | None = None, token: str | None = None):
+                 watch: Watch | None = None, signals: Signals | None = None, token: str | None = None,
+                 stores=None):
+        """`stores`: the workers' stores behind JOB_SECRET (workerstores.WorkersStores)."""
         self.launch, self.python, self.grace, self.log = launch, python, grace_period, log
+        self.stores = stores
         self.watch = watch
         self.signals = signals or Signals()
         self.token = token or new_token()
@@ -231,7 +239,7 @@ class InProcessTorchrun:
     def _run_agent(self, config, program, args) -> None:
         try:
             agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank,
-                                                     self.launch.workers_store)
+                                                     self.stores)
             stopped = False
             try:
                 result = agent.run()
@@ -307,5 +315,6 @@ class TorchrunAgent(Torchrun):
         launch = self.launch(plan, job.placement)
         log.say(f"starting torch's elastic agent in this process: {self.describe()}")
         token = new_token()
+        stores = WorkersStores(job.store) if launch.workers_stores else None
         return InProcessTorchrun(launch, plan.python, self.config.grace_period, log, signals=signals, token=token,
-                                 watch=job.watch(serverless=False, token=token, agent_in_process=True))
+                                 watch=job.watch(serverless=False, token=token, agent_in_process=True), stores=stores)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import pickle
+import re
 import time
 
 import psutil
@@ -18,7 +19,8 @@ import pytest
 
 from entrypoint.outcome import Outcome
 from entrypoint.placement import job_prefix
-from tests.e2e.cluster import Node, wait_for
+from tests.conftest import ROOT
+from tests.e2e.cluster import Node, changes, results, wait_for, wait_for_any
 from tests.e2e.test_training_host import check_trained
 
 pytestmark = pytest.mark.e2e
@@ -173,3 +175,43 @@ def test_torch_distributed_under_horovod_with_a_secret_forms_its_group_on_the_jo
     assert codes == [0, 0], output[-4000:]
     for rank in (0, 1):
         assert f"GROUP rank={rank} world=2 store=127.0.0.1 client_only=True open=[]" in output, output[-3000:]
+
+
+def test_a_restarted_torchrun_job_behind_a_secret_meets_in_a_fresh_store(jobs):
+    """MAX_RESTARTS=1: a rank fails in the first attempt, and torch's agents start every rank
+    again. The second attempt's group forms in that round's own store (workerstores.py), not
+    among the first attempt's keys in one long-lived store, and nothing but the Gate listens
+    on every interface."""
+    codes, output = jobs.run(2, [], timeout=180, NPROC_PER_NODE=2, MAX_RESTARTS=1, JOB_SECRET=SECRET,
+                             ENTRYPOINT=str(ROOT / "tests/e2e/fail_once.py"))
+    assert codes == [0, 0], output[-4000:]
+    assert "FAILING rank=3 attempt=0" in output
+    passed = sorted(int(r) for r in re.findall(r"PASSED rank=(\d+) world=4 attempt=1 sum=10", output))
+    assert passed == [0, 1, 2, 3], output[-4000:]
+
+
+ELASTIC = dict(MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3, JOB_SECRET=SECRET)
+
+
+def test_elastic_torchrun_behind_a_secret_goes_on_through_its_rounds_with_only_the_gate_open(jobs):
+    """A node joins (round 2, world 3), then a worker is killed (round 3, world 2): each round's
+    workers meet in a store of their own behind the master's Gate, so at every point the only
+    port open on every interface is MASTER_PORT's, and the job trains to the end."""
+    job = jobs.start(2, ["--steps", "600", "--step-delay", "0.05", "--checkpoint-every", "1000"], **ELASTIC)
+    master, worker = job
+    wait_for_any(job, "step 40 loss", 180)
+    port = int(master.env["MASTER_PORT"])
+    assert listening_everywhere(job) == {port}, "something besides the Gate listens on every interface"
+    jobs.add_node(job)
+    wait_for(master, "world size 2 -> 3", 120)
+    wait_for_any(job, "ROUND rank=0 world=3", 60)
+    assert listening_everywhere(job) == {port}
+    worker.kill_tree()
+    wait_for(master, "world size 3 -> 2", 120)
+    codes = [node.wait(240) for node in (master, job[2])]
+    output = master.output + job[2].output
+    assert codes == [0, 0], output[-4000:]
+    assert [(a, b) for a, b, _ in changes(master.output)] == [(2, 3), (3, 2)], master.output[-3000:]
+    found = results(output)
+    assert sorted(r.rank for r in found) == [0, 1] and len({r.digest for r in found}) == 1, output[-3000:]
+    assert SECRET not in output

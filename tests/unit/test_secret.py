@@ -55,6 +55,16 @@ def test_the_secret_never_shows_in_the_config_or_the_dry_run():
     assert control_plane(plan(NUM_NODES=2, ROLE="master", MASTER_ADDR="10.0.0.1")).startswith("open: no JOB_SECRET")
 
 
+def test_the_dry_run_names_what_a_secret_leaves_open_per_launcher():
+    """torchrun's workers meet in a store per round behind the Gate, fixed-size and elastic
+    alike (workerstores.py); elastic Horovod's notification services stay open."""
+    common = dict(JOB_SECRET=SECRET.decode(), NUM_NODES=2, ROLE="master", MASTER_ADDR="10.0.0.1")
+    for elastic in ({}, {"MIN_NODES": "1", "MAX_NODES": "3", "MAX_RESTARTS": "3"}):
+        assert "not covered" not in control_plane(plan(**common, **elastic))
+    horovod = control_plane(plan(**common, LAUNCHER="horovod", MIN_NODES="1", MAX_NODES="3"))
+    assert "not covered: " in horovod and "notification services" in horovod
+
+
 @pytest.fixture
 def gate():
     """A Gate (this job's identity) in front of a plain echo server; its refusal lines."""
@@ -96,6 +106,43 @@ def test_a_tunnel_carries_bytes_only_for_the_same_secret(gate):
     time.sleep(0.3)
     assert said and all("refused a connection from 127.0.0.1" in line for line in said), said
     assert "not this job's" in said[-1]
+
+
+def test_a_gate_relays_a_routed_server_name_to_its_own_backend_and_a_past_route_nowhere(gate):
+    """The per-round stores of torchrun's workers (workerstores.py): one Gate, several
+    backends, chosen by the name a Tunnel asks for in its TLS handshake."""
+    g, _ = gate
+    shout = socket.create_server(("127.0.0.1", 0))          # a second backend: answers in capitals
+
+    def serve():
+        while True:
+            try:
+                conn, _ = shout.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(1024):
+                    conn.sendall(data.upper())
+
+    import threading
+    threading.Thread(target=serve, daemon=True).start()
+    context = Identity.derive(SECRET).client_context()
+
+    def ask(server_name: str | None) -> bytes:
+        tunnel = Tunnel("127.0.0.1", g.port, context, server_name=server_name).start()
+        try:
+            with socket.create_connection(("127.0.0.1", tunnel.port), timeout=5) as conn:
+                conn.sendall(b"ping")
+                return conn.recv(16)
+        finally:
+            tunnel.stop()
+
+    g.route("round-1.disttrain", shout.getsockname()[1])
+    assert ask("round-1.disttrain") == b"PING"
+    assert ask(None) == b"ping" and ask("master.example") == b"ping"   # other names: the Gate's own backend
+    g.unroute("round-1.disttrain")
+    assert ask("round-1.disttrain") == b""                   # a past round's name reaches nothing
+    shout.close()
 
 
 def test_probes_tell_a_wrong_secret_from_no_tls_and_from_nothing_there(gate):
