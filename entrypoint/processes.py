@@ -35,6 +35,17 @@ def iface_env(iface: str | None) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface}
 
 
+def job_store_env(placement) -> dict[str, str]:
+    """Behind JOB_SECRET, a store for the processes' own group (torch.distributed's env://,
+    torch_xla's xla://): the job store through this node's tunnel, every process a client
+    (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), instead of one their rank 0 would
+    serve on every interface. Empty without a secret."""
+    if placement.store_host_port is None:
+        return {}
+    host, port = placement.store_host_port
+    return {"MASTER_ADDR": host, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
 def tagged(specs: list[ProcessSpec], launcher_variable: str) -> list[ProcessSpec]:
     """Tells the in-process guard (disttrain/guard.py) which LAUNCHER value chose these processes."""
     return [replace(s, env={**s.env, "DISTTRAIN_LAUNCHER": launcher_variable}) for s in specs]

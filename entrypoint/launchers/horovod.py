@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..processes import ProcessSpec, iface_env, rank_env, tagged
+from ..processes import ProcessSpec, iface_env, job_store_env, rank_env, tagged
 from .base import Launcher, Rendezvous
 from ..tunnel import Gated
 from .horovod_server import HorovodRendezvous
@@ -129,13 +129,9 @@ class HorovodGloo(Launcher):
 
     def torch_store_env(self, placement, addr: str) -> dict[str, str]:
         """torch.distributed's env:// store: served by rank 0 on the placement's master_port;
-        behind JOB_SECRET, the job store through this node's tunnel, every rank a client
-        (TORCHELASTIC_USE_AGENT_STORE, as under torchrun)."""
-        c = self.config
-        if placement.store_host_port:
-            host, port = placement.store_host_port
-            return {"MASTER_ADDR": host, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
-        return {"MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or c.master_port)}
+        behind JOB_SECRET, the job store through this node's tunnel (job_store_env)."""
+        return job_store_env(placement) or \
+            {"MASTER_ADDR": addr, "MASTER_PORT": str(placement.master_port or self.config.master_port)}
 
 
 @dataclass(frozen=True)

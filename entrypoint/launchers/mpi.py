@@ -17,6 +17,12 @@ class Mpirun(Launcher):
         c = self.config
         return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={c.hostfile}" if c.hostfile else "")
 
+    def open_despite_secret(self) -> list[str]:
+        if self.mode == "distributed":
+            return ["Open MPI's out-of-band channel between mpirun and its daemons, which your launch agent "
+                    "starts (Open MPI has no TLS)"]
+        return []
+
     def processes(self, plan, placement) -> list[ProcessSpec]:
         c = self.config
         master_port = placement.master_port or c.master_port

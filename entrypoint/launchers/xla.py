@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import accelerators
-from ..processes import ProcessSpec, iface_env
+from ..processes import ProcessSpec, iface_env, job_store_env
 from .base import Launcher
 
 
@@ -39,19 +39,18 @@ class XlaHost(Launcher):
             "XLA's CPU client: CPU_NUM_DEVICES devices in this process"
         store = f"xla:// store on {c.master_addr}:{c.xla_port}" if self.mode == "distributed" else \
             "xla:// store on 127.0.0.1"
+        if self.mode == "distributed" and (c.job_secret or c.job_secret_file):
+            store = "xla:// store: the job store, behind JOB_SECRET"
         return f"one PyTorch/XLA process per host, PJRT_DEVICE={accel.pjrt_device} ({per_device}; {store})"
-
-    def open_despite_secret(self) -> list[str]:
-        if self.mode == "distributed":
-            return ["torch_xla's xla:// store on XLA_PORT (served by its process 0, on every interface)"]
-        return []
 
     def processes(self, plan, placement) -> list[ProcessSpec]:
         """Their xla:// store is MASTER_ADDR:store_port, served by torch_xla's process 0, which
-        lives on TPU worker 0: node 0, the master."""
+        lives on TPU worker 0: node 0, the master. Behind JOB_SECRET it is the job store,
+        through each node's tunnel (torch_xla's handler takes TORCHELASTIC_USE_AGENT_STORE)."""
         c, node_rank = self.config, placement.node_rank
         store_port = c.xla_port if self.mode == "distributed" else (placement.master_port or c.master_port)
         master = c.master_addr if self.mode == "distributed" else "127.0.0.1"
         env = {**plan.env, **iface_env(placement.iface), **tpu_slice_env(self, placement),
-               "NODE_RANK": str(node_rank), "MASTER_ADDR": master, "MASTER_PORT": str(store_port)}
+               "NODE_RANK": str(node_rank), "MASTER_ADDR": master, "MASTER_PORT": str(store_port),
+               **job_store_env(placement)}
         return [ProcessSpec(f"node {node_rank}", self.script(plan.python), env)]

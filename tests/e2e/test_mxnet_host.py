@@ -64,6 +64,18 @@ def test_horovod_trains(jobs, nodes, nproc):
 
 
 @pytest.mark.parametrize("launcher", ["native", "horovod"])
+def test_mxnet_trains_behind_a_secret(jobs, launcher):
+    """JOB_SECRET: the job store (and Horovod's rendezvous) behind the master's Gates; MXNet's
+    parameter servers and Gloo stay the data plane's (docs/security.md)."""
+    secret = "a-test-secret-of-32-characters!!"
+    codes, output = jobs.run(2, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher,
+                             JOB_SECRET=secret)
+    assert codes == [0, 0], output[-4000:]
+    check_trained(output, 2)
+    assert "(TLS, JOB_SECRET)" in output and secret not in output
+
+
+@pytest.mark.parametrize("launcher", ["native", "horovod"])
 def test_killed_worker_ends_every_process_within_30s(jobs, launcher):
     job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
                     python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher)

@@ -215,3 +215,21 @@ def test_elastic_torchrun_behind_a_secret_goes_on_through_its_rounds_with_only_t
     found = results(output)
     assert sorted(r.rank for r in found) == [0, 1] and len({r.digest for r in found}) == 1, output[-3000:]
     assert SECRET not in output
+
+
+# The launchers not trained behind a secret above (PyTorch with torchrun and with Horovod,
+# fixed-size and elastic, are): TensorFlow's TF_CONFIG strategies, Keras through Horovod, and
+# Keras through Horovod's elastic driver. MXNet's are in test_mxnet_host.py.
+TRAINED_BEHIND_A_SECRET = {"tensorflow-native": dict(FRAMEWORK="tensorflow"),
+                           "keras-horovod": dict(FRAMEWORK="keras", LAUNCHER="horovod"),
+                           "keras-horovod-elastic": dict(FRAMEWORK="keras", LAUNCHER="horovod", MIN_NODES=2,
+                                                         MAX_NODES=2)}
+
+
+@pytest.mark.parametrize("path", TRAINED_BEHIND_A_SECRET)
+def test_every_launcher_trains_behind_a_secret(jobs, path):
+    codes, output = jobs.run(2, ["--steps", "40"], JOB_SECRET=SECRET, **TRAINED_BEHIND_A_SECRET[path])
+    assert codes == [0, 0], output[-4000:]
+    check_trained(output, 2)
+    assert "serving the job store at 127.0.0.1:" in output and "(TLS, JOB_SECRET)" in output
+    assert SECRET not in output

@@ -63,6 +63,8 @@ def test_the_dry_run_names_what_a_secret_leaves_open_per_launcher():
         assert "not covered" not in control_plane(plan(**common, **elastic))
     horovod = control_plane(plan(**common, LAUNCHER="horovod", MIN_NODES="1", MAX_NODES="3"))
     assert "not covered: " in horovod and "notification services" in horovod
+    mpi = control_plane(plan(**common, LAUNCHER="mpi", HOSTFILE="/etc/hosts"))
+    assert "not covered: Open MPI's out-of-band channel" in mpi
 
 
 @pytest.fixture
