@@ -6,9 +6,13 @@ change on the machine hits both alike.
     python bench/compare.py --against ../before --only launch --only rendezvous --repeats 5
 
 Each round runs `bench/run.py --repeats 1` in each checkout, one after the other (each
-checkout's own benchmark code and entrypoint, the same Python); every row's figure is the
-median over the rounds. Prints a Markdown table (before, after, after/before) and writes
-compare.json and compare.png to --out.
+checkout's own benchmark code and entrypoint, the same Python), the order swapped every
+round (before-after, after-before, ...), so that whatever the second run of a round gains
+or loses from the first (a warm page cache, the first one's leftover work) falls on both
+alike. Every row's figure is the median over the rounds, and its after/before is also taken
+round by round (the paired ratio: both runs of a round saw the same machine), with the
+middle half of those ratios (their interquartile range) as the noise. Prints a Markdown
+table and writes compare.json and compare.png to --out.
 """
 
 from __future__ import annotations
@@ -45,19 +49,47 @@ def medians(results: list[dict], section: str) -> dict[tuple, dict[str, float]]:
     return {name: {f: statistics.median(v) for f, v in figs.items()} for name, figs in found.items()}
 
 
-def table(before: dict, after: dict, sections: list[str]) -> tuple[str, list[tuple[str, float]]]:
+def paired(before_runs: list[dict], after_runs: list[dict], section: str) -> dict[tuple, dict[str, list[float]]]:
+    """Per row and figure, after/before of each round where both runs worked."""
+    keys, figures = ROWS[section]
+    found: dict[tuple, dict[str, list[float]]] = {}
+    for b_run, a_run in zip(before_runs, after_runs):
+        b_rows = {tuple(r[k] for k in keys): r for r in b_run.get(section, [])}
+        for row in a_run.get(section, []):
+            name = tuple(row[k] for k in keys)
+            for figure in figures:
+                b, a = b_rows.get(name, {}).get(figure), row.get(figure)
+                if b and a and b == b and a == a:                       # both present, not NaN
+                    found.setdefault(name, {}).setdefault(figure, []).append(a / b)
+    return found
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q2, q1, q3
+
+
+def table(before: dict, after: dict, sections: list[str],
+          pairs: dict | None = None) -> tuple[str, list[tuple[str, float]]]:
+    """`pairs` (section -> paired()): adds each row's paired ratio and its interquartile range."""
     lines, ratios = [], []
     for section in sections:
         keys, figures = ROWS[section]
-        lines += [f"### {section}", "", "| row | figure | before | after | after/before |", "|---|---|---|---|---|"]
+        lines += [f"### {section}", "", "| row | figure | before | after | after/before | paired (IQR) |",
+                  "|---|---|---|---|---|---|"]
         for name, figs in before[section].items():
             for figure in figures:
                 b, a = figs.get(figure), after[section].get(name, {}).get(figure)
                 if b is None or a is None:
-                    lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b} | {a} | failed |")
+                    lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b} | {a} | failed | |")
                     continue
                 ratios.append((f"{section}: {' / '.join(map(str, name))} ({figure})", a / b))
-                lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b:.3f} | {a:.3f} | {a / b:.3f}× |")
+                rounds = (pairs or {}).get(section, {}).get(name, {}).get(figure)
+                pair = "{:.3f}× ({:.3f}–{:.3f})".format(*spread(rounds)) if rounds else ""
+                lines.append(f"| {' / '.join(map(str, name))} | {figure} | {b:.3f} | {a:.3f} | {a / b:.3f}× | {pair} |")
         lines.append("")
     return "\n".join(lines), ratios
 
@@ -88,12 +120,14 @@ def main() -> int:
     trees = {"before": args.against.resolve(), "after": ROOT}
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for i in range(args.repeats):
-        for label, tree in trees.items():             # taking turns, round by round
+        order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]    # before first, then after first
+        for label, tree in order:
             print(f"== round {i + 1}/{args.repeats}: {label} ({tree})", file=sys.stderr, flush=True)
             runs[label].append(run_once(tree, sections, args.out / label / str(i)))
     before = {s: medians(runs["before"], s) for s in sections}
     after = {s: medians(runs["after"], s) for s in sections}
-    text, ratios = table(before, after, sections)
+    pairs = {s: paired(runs["before"], runs["after"], s) for s in sections}
+    text, ratios = table(before, after, sections, pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps({"rounds": args.repeats, "ratios": ratios}, indent=2))
     plot(ratios, args.out / "compare.png")
