@@ -80,3 +80,38 @@ def test_xla_cpu_client_cannot_span_two_processes(tpu_image):
     # Two processes share one pipe: a line may arrive glued to the other's, so match, don't split.
     probes = sorted(re.findall(r"PROBE rank=\d+ xla_world=\d+ sum=[0-9.]+", output))
     assert probes == ["PROBE rank=0 xla_world=1 sum=1.0", "PROBE rank=1 xla_world=1 sum=2.0"], output[-3000:]
+
+
+# What the entrypoint gives PyTorch/XLA's processes across TPU hosts behind JOB_SECRET
+# (processes.job_store_env): MASTER_ADDR:MASTER_PORT is the node's tunnel to the job store and
+# TORCHELASTIC_USE_AGENT_STORE=True. Here a TCPStore on loopback stands in for the tunnel.
+AGENT_STORE_PROBE = r"""
+import os, subprocess, sys
+import torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+before = server.num_keys()
+child = '''
+import psutil, torch, torch.distributed as dist, torch_xla, torch_xla.distributed.xla_backend
+dist.init_process_group("xla", init_method="xla://")
+t = torch.ones(1, device=torch_xla.device())
+dist.all_reduce(t)
+open_ports = [c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+              if c.status == psutil.CONN_LISTEN and c.laddr.ip in ("0.0.0.0", "::")]
+print(f"XLA_GROUP world={dist.get_world_size()} sum={t.item()} open={open_ports}", flush=True)
+'''
+env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(server.port), TORCHELASTIC_USE_AGENT_STORE="True")
+done = subprocess.run([sys.executable, "-c", child], env=env)
+print(f"STORE keys_written={server.num_keys() - before} exit={done.returncode}", flush=True)
+"""
+
+
+def test_xla_store_under_a_secret_is_a_client_of_the_store_it_is_given(tpu_image):
+    """torch_xla's xla:// handler (2.9) with TORCHELASTIC_USE_AGENT_STORE=True: its process 0
+    serves no store on every interface; the group's keys go to the store at MASTER_ADDR:
+    MASTER_PORT, which behind JOB_SECRET is the job store through the node's tunnel."""
+    done = run(tpu_image, "python", "-c", AGENT_STORE_PROBE, env={"PJRT_DEVICE": "CPU"}, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "XLA_GROUP world=1 sum=1.0 open=[]" in output, output[-3000:]
+    written = re.search(r"STORE keys_written=(\d+) exit=0", output)
+    assert written and int(written.group(1)) > 0, output[-3000:]
