@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 import time
 
 import pytest
@@ -67,24 +68,29 @@ def test_the_dry_run_names_what_a_secret_leaves_open_per_launcher():
     assert "not covered: Open MPI's out-of-band channel" in mpi
 
 
-@pytest.fixture
-def gate():
-    """A Gate (this job's identity) in front of a plain echo server; its refusal lines."""
-    echo = socket.create_server(("127.0.0.1", 0))
-    said: list[str] = []
+def echo_server(answer=lambda data: data) -> socket.socket:
+    """A plain TCP server on loopback that sends back `answer(data)` for what it reads."""
+    server = socket.create_server(("127.0.0.1", 0))
 
     def serve():
         while True:
             try:
-                conn, _ = echo.accept()
+                conn, _ = server.accept()
             except OSError:
                 return
             with conn:
                 while data := conn.recv(1024):
-                    conn.sendall(data)
+                    conn.sendall(answer(data))
 
-    import threading
     threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def gate():
+    """A Gate (this job's identity) in front of a plain echo server; its refusal lines."""
+    echo = echo_server()
+    said: list[str] = []
     port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]       # a free port (the socket closes)
     g = Gate(port, echo.getsockname()[1], Identity.derive(SECRET).server_context(), said.append).start()
     yield g, said
@@ -114,20 +120,7 @@ def test_a_gate_relays_a_routed_server_name_to_its_own_backend_and_a_past_route_
     """The per-round stores of torchrun's workers (workerstores.py): one Gate, several
     backends, chosen by the name a Tunnel asks for in its TLS handshake."""
     g, _ = gate
-    shout = socket.create_server(("127.0.0.1", 0))          # a second backend: answers in capitals
-
-    def serve():
-        while True:
-            try:
-                conn, _ = shout.accept()
-            except OSError:
-                return
-            with conn:
-                while data := conn.recv(1024):
-                    conn.sendall(data.upper())
-
-    import threading
-    threading.Thread(target=serve, daemon=True).start()
+    shout = echo_server(bytes.upper)                         # a second backend: answers in capitals
     context = Identity.derive(SECRET).client_context()
 
     def ask(server_name: str | None) -> bytes:
