@@ -94,16 +94,33 @@ def table(before: dict, after: dict, sections: list[str],
     return "\n".join(lines), ratios
 
 
-def plot(ratios: list[tuple[str, float]], path: Path) -> None:
+def plot(ratios: list[tuple[str, float]], path: Path, pairs: dict | None = None) -> None:
+    """One bar per row and figure: the paired ratio's median with its interquartile range
+    where the rounds give one (`pairs`, section -> paired()), and the ratio of the medians as a dot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def rounds(name: str) -> list[float] | None:
+        section, rest = name.split(": ", 1)
+        row, figure = rest.rsplit(" (", 1)
+        for key, figs in (pairs or {}).get(section, {}).items():
+            if " / ".join(map(str, key)) == row:
+                return figs.get(figure.rstrip(")"))
+        return None
+
+    names = [name for name, _ in ratios]
+    spreads = [spread(r) if (r := rounds(name)) else None for name in names]
+    middle = [s[0] if s else ratio for s, (_, ratio) in zip(spreads, ratios)]
+    errors = [[m - s[1] if s else 0 for s, m in zip(spreads, middle)], [s[2] - m if s else 0 for s, m in zip(spreads, middle)]]
     fig, ax = plt.subplots(figsize=(9, 0.3 * len(ratios) + 1.5))
-    ax.barh([name for name, _ in ratios], [r for _, r in ratios])
+    ax.barh(names, middle, xerr=errors, color="tab:blue", ecolor="gray", capsize=2, label="paired ratio, IQR")
+    ax.plot([r for _, r in ratios], names, "k.", label="ratio of the medians")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(1.05, color="red", linewidth=0.8, linestyle="--")
-    ax.set_xlabel("after / before (median over rounds)")
+    ax.set_xlim(0.8, 1.25)
+    ax.set_xlabel("after / before")
+    ax.legend(loc="lower right")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -130,7 +147,7 @@ def main() -> int:
     text, ratios = table(before, after, sections, pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps({"rounds": args.repeats, "ratios": ratios}, indent=2))
-    plot(ratios, args.out / "compare.png")
+    plot(ratios, args.out / "compare.png", pairs)
     print(f"Medians of {args.repeats} rounds, before and after taking turns.\n\n{text}")
     print(f"wrote {args.out / 'compare.png'}")
     return 0
