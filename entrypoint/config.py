@@ -366,6 +366,11 @@ class Config:
     passed: dict[str, str] = field(default_factory=dict)    # the PassThrough variables that are set
 
     @property
+    def has_secret(self) -> bool:
+        """JOB_SECRET or JOB_SECRET_FILE is set (secret.read_secret reads and checks it)."""
+        return self.job_secret is not None or self.job_secret_file is not None
+
+    @property
     def tf_config(self) -> str | None:
         """TF_CONFIG, passed through from a TFJob."""
         return self.passed.get("TF_CONFIG")

@@ -36,7 +36,7 @@ def watches(c) -> str:
 def control_plane(plan: NodePlan) -> str:
     """Who can talk to the job's control plane (docs/security.md)."""
     c = plan.config
-    if c.job_secret is None and c.job_secret_file is None:
+    if not c.has_secret:
         return "open: no JOB_SECRET, anyone who reaches MASTER_PORT can join, stop or run code in the job"
     source = "JOB_SECRET_FILE" if c.job_secret_file else "JOB_SECRET"
     still_open = plan.launcher.open_despite_secret()

@@ -39,7 +39,7 @@ class XlaHost(Launcher):
             "XLA's CPU client: CPU_NUM_DEVICES devices in this process"
         store = f"xla:// store on {c.master_addr}:{c.xla_port}" if self.mode == "distributed" else \
             "xla:// store on 127.0.0.1"
-        if self.mode == "distributed" and (c.job_secret or c.job_secret_file):
+        if self.mode == "distributed" and c.has_secret:
             store = "xla:// store: the job store, behind JOB_SECRET"
         return f"one PyTorch/XLA process per host, PJRT_DEVICE={accel.pjrt_device} ({per_device}; {store})"
 
