@@ -174,7 +174,7 @@ class Jobs:
         addrs = addrs or [f"127.0.0.{k + 1}" for k in range(nodes)]
         for k in order or range(nodes):
             node_env = base_env(self.tmp, NUM_NODES=nodes, MASTER_ADDR=addrs[0], MASTER_PORT=port,
-                                HOROVOD_PORT=free_port(), **env)
+                                **{"HOROVOD_PORT": free_port(), **env})
             if nodes > 1:
                 node_env.update(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker", NODE_ADDR=addrs[k])
             kind = RestartingNode if restart else Node
