@@ -14,11 +14,13 @@ master is the launcher's (Launcher.serve).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 
 from . import hardware
 from .config import Config, ConfigError
+from .finish import LEAVE_WAIT_S, WAIT_INTERVAL_S
 from .jobstore import JobStore, RendezvousError, StoreGone
 from .log import Log
 from .outcome import Outcome
@@ -123,7 +125,28 @@ class Job:
             self.log.say(f"rendezvous failed: {reason}", error=True)
             if self._job_needs_me(exc):
                 self.store.abort(Outcome.failed(f"node {self._rank_text()}: {reason}"))
-            raise NotJoined(Outcome.failed(reason, EXIT_RENDEZVOUS)) from None
+            outcome = Outcome.failed(reason, EXIT_RENDEZVOUS)
+            self._leave_rendezvous(outcome)
+            raise NotJoined(outcome) from None
+
+    def _leave_rendezvous(self, outcome: Outcome) -> None:
+        """Failing to join, as finishing together does for a running job: a worker records
+        its exit; the master keeps the store up until the workers that claimed a rank have
+        read why the job ends and recorded theirs (at most LEAVE_WAIT_S), so that each says
+        the master's reason rather than losing its store mid-rendezvous."""
+        store = self.store
+        if self.node_rank is None or not store.connected:
+            return
+        try:
+            if not self.master:
+                store.set_exit(self.node_rank, outcome)
+                return
+            joined = [k for k in range(1, self.config.most_nodes) if store.claimed(k)]
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while time.monotonic() < deadline and any(store.exit(k) is None for k in joined):
+                time.sleep(WAIT_INTERVAL_S)
+        except StoreGone:
+            pass
 
     def _job_needs_me(self, exc: Exception) -> bool:
         """Whether this node failing to join ends the job: not for a worker of an elastic
@@ -187,7 +210,11 @@ class Job:
         if launcher.exchange:
             met = dataclasses.replace(met, nodes=tuple(self._wait_for_nodes(me.node_rank, deadline)))
         if self.master:
-            self.server = launcher.serve(self.plan, list(met.nodes), store, self.log)
+            try:
+                self.server = launcher.serve(self.plan, list(met.nodes), store, self.log)
+            except OSError as exc:           # its port is taken (Horovod's rendezvous: HOROVOD_PORT)
+                raise RendezvousError(f"cannot serve Horovod's rendezvous on HOROVOD_PORT={c.horovod_port}: "
+                                      f"{os.strerror(exc.errno) if exc.errno else exc}") from None
             if self.server:
                 # Behind JOB_SECRET the server listens on loopback (tunnel.Gated): the master's
                 # own processes reach it there.

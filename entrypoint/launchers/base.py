@@ -111,7 +111,8 @@ class Launcher:
 
     # ----------------------------------------------------------------- running
     def serve(self, plan, nodes: list[NodeInfo], store: JobStore | None, log: Log) -> Server | None:
-        """On the master (or the one local node), once the nodes are known."""
+        """On the master (or the one local node), once the nodes are known. Raises OSError
+        when its port cannot be served (Job reports it as a failed rendezvous)."""
         return None
 
     def launch_env(self, nodes: list[NodeInfo]) -> tuple[dict[str, str], ...]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 
 
-
 class HorovodRendezvous:
     def __init__(self, port: int, host: str = "0.0.0.0"):
         self.host, self.port = host, port
@@ -40,11 +39,7 @@ class HorovodRendezvous:
             # nodes with the default, see README).
             request_queue_size = 1024
 
-        try:
-            self.httpd = Server((self.host, self.port), handler or RendezvousHandler, 0)
-        except OSError as exc:
-            raise OSError(f"cannot serve Horovod's rendezvous on port {self.port} (HOROVOD_PORT): "
-                          f"{exc.strerror}") from None
+        self.httpd = Server((self.host, self.port), handler or RendezvousHandler, 0)   # OSError: Job says it
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="horovod-rendezvous", daemon=True)
         self.thread.start()
