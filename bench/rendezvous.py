@@ -127,3 +127,50 @@ def store_latency(ops: int) -> list[dict]:
     tunnel.stop()
     del server                                  # the store lives as long as its object
     return rows
+
+
+def rendezvous_requests(requests: int) -> list[dict]:
+    """Horovod's HTTP rendezvous as a worker node's Horovod sees it: a PUT then a GET of a
+    key, each on a connection of its own (as Gloo's HTTPStore makes them), straight to the
+    server, through a Tunnel and the master's Gate (JOB_SECRET), and through a Tunnel that
+    opens its TLS connections ahead (`spares`, as the entrypoint's). The Gate runs in a
+    process of its own, as on a master node. Median of `requests` pairs, per request."""
+    import http.client
+    import subprocess
+    import time
+
+    from entrypoint.launchers.horovod_server import TUNNEL_SPARES
+    from entrypoint.secret import Identity
+    from entrypoint.tunnel import Tunnel
+
+    gate_port = free_port()
+    master = subprocess.Popen([PY, str(WORKLOADS / "gated_rendezvous.py"), str(gate_port), SECRET],
+                              stdout=subprocess.PIPE, text=True, env=base_env())
+    try:
+        local = int(master.stdout.readline())
+        context = Identity.derive(SECRET.encode()).client_context()
+        tunnels = [Tunnel("127.0.0.1", gate_port, context).start(),
+                   Tunnel("127.0.0.1", gate_port, context, spares=TUNNEL_SPARES).start()]
+        paths = {"plain HTTP": local, "through Tunnel and Gate (JOB_SECRET)": tunnels[0].port,
+                 f"through Tunnel ({TUNNEL_SPARES} spares) and Gate": tunnels[1].port}
+
+        def request(port: int, method: str, key: str) -> float:
+            started = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request(method, f"/global/{key}", body=b"x" * 64 if method == "PUT" else None)
+            conn.getresponse().read()
+            conn.close()
+            return time.perf_counter() - started
+
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for i in range(requests):
+            for k, (name, port) in enumerate(paths.items()):          # interleaved, as the other tables
+                times[name] += [request(port, "PUT", f"path{k}-{i}"), request(port, "GET", f"path{k}-{i}")]
+        for tunnel in tunnels:
+            tunnel.stop()
+    finally:
+        master.kill()
+        master.wait()
+    plain = median(times["plain HTTP"])
+    return [{"path": name, "ms": median(t) * 1e3, "ratio": median(t) / plain, "requests": len(t)}
+            for name, t in times.items()]

@@ -36,6 +36,10 @@ SECTIONS = [
     ("store_latency", "The job store, one operation (a node's TCPStore client): plain, and behind JOB_SECRET",
      ["path", "operation", "µs (median)", "vs plain", "operations"],
      lambda r: [r["path"], r["op"], _fmt(r["us"], ".0f"), f"{_fmt(r['ratio'])}×", r["ops"]]),
+    ("rendezvous_requests", "Horovod's HTTP rendezvous, one request per connection (as Gloo's HTTPStore): "
+                            "plain, and behind JOB_SECRET",
+     ["path", "ms per request (median)", "vs plain", "requests"],
+     lambda r: [r["path"], _fmt(r["ms"], ".2f"), f"{_fmt(r['ratio'])}×", r["requests"]]),
     ("compose", "docker compose up → every node in its first collective (2 nodes, one Docker host)",
      ["path", "up → all joined (s)", "up → all exited (s)", "vs raw torchrun (joined, exited)", "runs (failed)"],
      lambda r: [r["path"], _fmt(r["seconds"]), _fmt(r["wall"]), f"{_fmt(r['ratio'])}×, {_fmt(r['ratio_wall'])}×",

@@ -68,6 +68,7 @@ def main() -> int:
         nodes = [2] if args.smoke else [2, 4, 8, 16] if args.full else [2, 4, 8]
         results["rendezvous"] = rendezvous.measure(nodes, repeats)
         results["store_latency"] = rendezvous.store_latency(50 if args.smoke else 2000)
+        results["rendezvous_requests"] = rendezvous.rendezvous_requests(20 if args.smoke else 300)
     if "compose" in sections:
         step("compose up -> first collective")
         results["compose"] = compose_start.measure(repeats, args.image)

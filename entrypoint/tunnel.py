@@ -28,6 +28,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
@@ -37,6 +38,9 @@ ROUTE_SUFFIX = ".disttrain"    # server names that only a Gate's routes answer (
 _SNI = "disttrain_server_name"  # where the server-side SSLObject keeps the name its client asked for
 REFUSAL_QUIET_S = 60.0         # one refusal line per peer address per minute
 CHUNK = 1 << 16
+# A Tunnel's spare connection lives this long unused: under the 3 s after which Horovod's
+# HTTP server drops a connection that has sent no request (http_server.SINGLE_REQUEST_TIMEOUT).
+SPARE_TTL_S = 2.0
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
@@ -230,12 +234,23 @@ class Gated:
 
 class Tunnel(_Listening):
     """127.0.0.1:<port> (chosen free) -> TLS to host:port; `server_name`: one of the Gate's
-    routes (Gate.route), else its own backend."""
+    routes (Gate.route), else its own backend.
 
-    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str | None = None):
+    `spares`: for clients that open a connection per request (Horovod's HTTP rendezvous:
+    dozens of requests per worker in hvd.init), each local connection that arrives takes a
+    TLS connection opened ahead (when one is ready) and has another opened behind it, so
+    the handshakes of a burst of requests overlap the requests instead of preceding each.
+    A spare unused for SPARE_TTL_S is closed and not replaced: outside a burst no spare
+    is held, and none outlives the idle timeout of the server behind the Gate."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str | None = None,
+                 spares: int = 0):
         self.host, self.remote_port, self.context = host, port, context
         self.server_name = server_name or host
         self.port: int | None = None
+        self.spares = spares
+        self._spare: deque = deque()         # (reader, writer, opened at): handshaken, unused
+        self._opening = 0
 
     @property
     def endpoint(self) -> str:
@@ -248,16 +263,59 @@ class Tunnel(_Listening):
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
+    def stop(self) -> None:
+        super().stop()
+        _loop().call_soon_threadsafe(self._drop_spares, 0.0)
+
+    async def _open(self) -> tuple:
+        return await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.remote_port, ssl=self.context, server_hostname=self.server_name),
+            HANDSHAKE_TIMEOUT_S)
+
     async def _on_local(self, reader, writer) -> None:
-        try:
-            remote = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.remote_port, ssl=self.context,
-                                        server_hostname=self.server_name),
-                HANDSHAKE_TIMEOUT_S)
-        except (OSError, ssl.SSLError, asyncio.TimeoutError):
-            writer.transport.abort()
-            return
+        remote = self._take_spare()
+        self._open_spares()
+        if remote is None:
+            try:
+                remote = await self._open()
+            except (OSError, ssl.SSLError, asyncio.TimeoutError):
+                writer.transport.abort()
+                return
         await _relay((reader, writer), remote)
+
+    def _take_spare(self) -> tuple | None:
+        self._drop_spares(SPARE_TTL_S)
+        while self._spare:
+            remote_reader, remote_writer, _ = self._spare.popleft()
+            if not (remote_writer.is_closing() or remote_reader.at_eof()):
+                return remote_reader, remote_writer
+            remote_writer.close()
+        return None
+
+    def _open_spares(self) -> None:
+        while self._server is not None and len(self._spare) + self._opening < self.spares:
+            self._opening += 1
+            _spawn(self._open_spare())
+
+    async def _open_spare(self) -> None:
+        try:
+            remote_reader, remote_writer = await self._open()
+        except (OSError, ssl.SSLError, asyncio.TimeoutError):
+            return                           # the next local connection opens its own, and tries again
+        finally:
+            self._opening -= 1
+        if self._server is None:
+            remote_writer.close()
+            return
+        loop = asyncio.get_running_loop()
+        self._spare.append((remote_reader, remote_writer, loop.time()))
+        loop.call_later(SPARE_TTL_S, self._drop_spares, SPARE_TTL_S - 0.05)   # (timers may fire early)
+
+    def _drop_spares(self, older_than: float) -> None:
+        """Close the spares opened at least `older_than` seconds ago (0: all of them)."""
+        now = _loop().time()
+        while self._spare and now - self._spare[0][2] >= older_than:
+            self._spare.popleft()[1].close()
 
 
 class Answer(enum.Enum):

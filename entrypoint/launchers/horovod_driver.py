@@ -40,7 +40,7 @@ from ..supervisor import Children
 from ..tunnel import Gated, Tunnel
 from ..watch import Heartbeats, JobWatch
 from .horovod import gloo_env, host_name, node_env, node_rank_of, slot_env
-from .horovod_server import HorovodRendezvous
+from .horovod_server import TUNNEL_SPARES, HorovodRendezvous
 
 PENDING_JOIN_S = 3.0     # a discovered host unassigned this long is announced to rank 0 again
 
@@ -216,7 +216,8 @@ class HorovodElasticNode:
             return self.placement.horovod_addr, self.placement.horovod_port
         if self.tunnel is None:
             port = int(order_env["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-            self.tunnel = Tunnel(self.plan.config.master_addr, port, self.store.identity.client_context()).start()
+            self.tunnel = Tunnel(self.plan.config.master_addr, port, self.store.identity.client_context(),
+                                 spares=TUNNEL_SPARES).start()
         return "127.0.0.1", self.tunnel.port
 
     # ----------------------------------------------------------------- Supervised

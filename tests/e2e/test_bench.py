@@ -17,7 +17,7 @@ def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
                              "--image", image],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for heading in ("Launch overhead", "Rendezvous", "The job store, one operation", "docker compose up", "Allreduce", "Images", "Training", "Elastic",
+    for heading in ("Launch overhead", "Rendezvous", "The job store, one operation", "Horovod's HTTP rendezvous", "docker compose up", "Allreduce", "Images", "Training", "Elastic",
                     "Hang detection", "Progress reporting"):
         assert heading in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
@@ -25,6 +25,7 @@ def test_bench_smoke_prints_a_table_and_writes_plots(image, tmp_path):
     assert all(r["failures"] == 0 for r in results["rendezvous"]), results["rendezvous"]
     assert any(r["path"].endswith("JOB_SECRET") for r in results["rendezvous"])
     assert {r["op"] for r in results["store_latency"]} == {"add", "get", "set", "check"}
+    assert len(results["rendezvous_requests"]) == 3 and all(r["ms"] > 0 for r in results["rendezvous_requests"])
     assert all(r["failures"] == 0 for r in results["compose"]), results["compose"]
     assert all(r["ok"] for r in results["collectives"])
     assert results["image_sizes"] and all(r["overhead_ratio"] > 0 for r in results["image_sizes"])

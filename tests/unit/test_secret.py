@@ -140,6 +140,87 @@ def test_a_gate_relays_a_routed_server_name_to_its_own_backend_and_a_past_route_
     shout.close()
 
 
+class StampingServer:
+    """A threaded TCP server on loopback, as Horovod's rendezvous: each request is answered
+    with when its connection was accepted; a connection idle for `idle_s` is closed."""
+
+    def __init__(self, idle_s: float = 3.0):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.idle_s, self.open = idle_s, 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, time.monotonic()), daemon=True).start()
+
+    def _serve(self, conn, accepted):
+        self.open += 1
+        conn.settimeout(self.idle_s)
+        with conn:
+            try:
+                while conn.recv(1024):
+                    conn.sendall(repr(accepted).encode())
+            except OSError:
+                pass
+        self.open -= 1
+
+
+def spare_gate(server):
+    port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]
+    return Gate(port, server.sock.getsockname()[1], Identity.derive(SECRET).server_context(), print).start()
+
+
+def request(tunnel) -> float:
+    """One request on a new connection, as Horovod's client makes each: when the server
+    accepted the connection that answered it."""
+    with socket.create_connection(("127.0.0.1", tunnel.port), timeout=5) as conn:
+        conn.sendall(b"GET")
+        return float(conn.recv(64))
+
+
+def test_a_tunnel_with_spares_answers_a_burst_on_connections_opened_ahead_then_lets_them_go(monkeypatch):
+    monkeypatch.setattr("entrypoint.tunnel.SPARE_TTL_S", 0.6)
+    server = StampingServer()
+    g = spare_gate(server)
+    tunnel = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context(), spares=2).start()
+    plain = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).start()
+    try:
+        request(tunnel)                                   # the burst's first request opens the spares
+        time.sleep(0.3)
+        for _ in range(3):
+            asked = time.monotonic()
+            assert request(tunnel) < asked                # its connection was there before it asked
+            time.sleep(0.1)
+        asked = time.monotonic()
+        assert request(plain) > asked                     # the control: without spares, opened on demand
+        time.sleep(0.6 + 1.0)
+        assert server.open == 0                           # unused spares closed, none opened again
+    finally:
+        tunnel.stop(), plain.stop(), g.stop()
+        server.sock.close()
+
+
+def test_a_spare_the_server_dropped_is_passed_over(monkeypatch):
+    """A spare held past the server's idle timeout (closed by it) is not used: the request
+    gets a fresh connection and its answer."""
+    monkeypatch.setattr("entrypoint.tunnel.SPARE_TTL_S", 5.0)
+    server = StampingServer(idle_s=0.3)
+    g = spare_gate(server)
+    tunnel = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context(), spares=2).start()
+    try:
+        request(tunnel)
+        time.sleep(0.8)                                   # the spares are open, and the server dropped them
+        asked = time.monotonic()
+        assert request(tunnel) > asked
+    finally:
+        tunnel.stop(), g.stop()
+        server.sock.close()
+
+
 def test_probes_tell_a_wrong_secret_from_no_tls_and_from_nothing_there(gate):
     g, _ = gate
     assert handshake("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).answer is Answer.IN
