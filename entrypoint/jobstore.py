@@ -267,6 +267,10 @@ class JobStore:
         elastic nodes took fresh ranks beyond it."""
         return max(bound - 1, self.add("next", 0))
 
+    def claimed_workers(self, bound: int) -> list[int]:
+        """The worker ranks (1 and up) claimed so far; `bound`: the job's most nodes."""
+        return [k for k in range(1, self.highest_rank(bound) + 1) if self.claimed(k)]
+
     def publish(self, info: NodeInfo) -> None:
         self.set(f"node/{info.node_rank}/info", info.to_json())
 

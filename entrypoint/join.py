@@ -142,7 +142,7 @@ class Job:
             if not self.master:
                 store.set_exit(self.node_rank, outcome)
                 return
-            joined = [k for k in range(1, self.config.most_nodes) if store.claimed(k)]
+            joined = store.claimed_workers(self.config.most_nodes)
             deadline = time.monotonic() + LEAVE_WAIT_S
             while time.monotonic() < deadline and any(store.exit(k) is None for k in joined):
                 time.sleep(WAIT_INTERVAL_S)

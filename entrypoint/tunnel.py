@@ -224,7 +224,11 @@ class Gated:
 
     def __init__(self, server, port: int, context: ssl.SSLContext, say: Callable[[str], None]):
         self.server, self.local_port = server, server.port
-        self.gate = Gate(port, server.port, context, say).start()
+        try:
+            self.gate = Gate(port, server.port, context, say).start()
+        except OSError:            # `port` is taken: the server behind it goes too
+            server.stop()
+            raise
         self.port = port
 
     def stop(self) -> None:
@@ -313,7 +317,7 @@ class Tunnel(_Listening):
 
     def _drop_spares(self, older_than: float) -> None:
         """Close the spares opened at least `older_than` seconds ago (0: all of them)."""
-        now = _loop().time()
+        now = asyncio.get_running_loop().time()       # (called on the relay loop only)
         while self._spare and now - self._spare[0][2] >= older_than:
             self._spare.popleft()[1].close()
 

@@ -222,8 +222,7 @@ class JobWatch:
         self.log.say(text)
 
     def workers(self) -> list[int]:
-        top = self.store.highest_rank(self.config.most_nodes)
-        return [k for k in range(1, top + 1) if self.store.claimed(k)]
+        return self.store.claimed_workers(self.config.most_nodes)
 
     def silent(self, node: int) -> bool:
         return self._heartbeats.silent(node)

@@ -90,15 +90,16 @@ class HorovodElasticDriver:
         # Gate on HOROVOD_PORT, the master's own workers on `local_port`.
         self.server = HorovodRendezvous(0, "127.0.0.1") if gated else HorovodRendezvous(c.horovod_port)
         self.driver = ElasticDriver(self.server, self.discovery, self.min_np, self.max_np, timeout=c.rdzv_timeout)
-        self.port = self.server.start(create_rendezvous_handler(self.driver))
         self.gated, self.local_port = None, None
-        if gated:
-            try:
+        try:            # OSError: HOROVOD_PORT is taken (Job says so); nothing is left running
+            self.port = self.server.start(create_rendezvous_handler(self.driver))
+            if gated:
                 self.gated = Gated(self.server, c.horovod_port, store.identity.server_context(), log.say)
-            except OSError:
-                self.driver.stop()
-                raise
-            self.port, self.local_port = self.gated.port, self.gated.local_port
+                self.port, self.local_port = self.gated.port, self.gated.local_port
+        except OSError:
+            self.driver.stop()
+            self.server.stop()
+            raise
         self.thread = threading.Thread(target=self._run, name="horovod-elastic-driver", daemon=True)
 
     def start(self) -> None:
