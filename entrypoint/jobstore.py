@@ -239,7 +239,18 @@ class JobStore:
         return self._call(self.store.check, [self.prefix + name])
 
     def get(self, name: str) -> str:
+        """A key that is set. TCPStore.get waits for a missing one, and every caller of this
+        JobStore waits behind it (one thread serves them all): a key another thread of this
+        process is about to write would never come. Read keys that may be missing with find()."""
         return self._call(self.store.get, self.prefix + name).decode()
+
+    def find(self, name: str) -> str | None:
+        """The key's value, or None while it is not set (keys are never deleted)."""
+        return self.get(name) if self.has(name) else None
+
+    def get_json(self, name: str):
+        found = self.find(name)
+        return json.loads(found) if found is not None else None
 
     def set(self, name: str, value: str) -> None:
         self._call(self.store.set, self.prefix + name, value)
@@ -275,8 +286,8 @@ class JobStore:
         self.set(f"node/{info.node_rank}/info", info.to_json())
 
     def node_info(self, rank: int) -> NodeInfo | None:
-        name = f"node/{rank}/info"
-        return NodeInfo.from_json(self.get(name)) if self.has(name) else None
+        found = self.find(f"node/{rank}/info")
+        return NodeInfo.from_json(found) if found is not None else None
 
     def beat(self, rank: int) -> None:
         self.add(f"node/{rank}/hb", 1)
@@ -288,8 +299,8 @@ class JobStore:
         self.set(f"node/{rank}/exit", outcome.to_json())
 
     def exit(self, rank: int) -> Outcome | None:
-        name = f"node/{rank}/exit"
-        return Outcome.from_json(self.get(name)) if self.has(name) else None
+        found = self.find(f"node/{rank}/exit")
+        return Outcome.from_json(found) if found is not None else None
 
     # ----------------------------------------------------------------- the job
     def announce_launch(self, horovod_port: int | None, torch_port: int | None = None,
@@ -301,7 +312,7 @@ class JobStore:
                                            "launch_env": list(launch_env)}))
 
     def launch(self) -> dict | None:
-        return json.loads(self.get("job/launch")) if self.has("job/launch") else None
+        return self.get_json("job/launch")
 
     def abort(self, outcome: Outcome) -> None:
         """Record why the job ends (the first reason wins). Quiet when the store is gone:
@@ -314,7 +325,8 @@ class JobStore:
             pass
 
     def aborted(self) -> Outcome | None:
-        return Outcome.from_json(self.get("job/abort")) if self.has("job/abort") else None
+        found = self.find("job/abort")
+        return Outcome.from_json(found) if found is not None else None
 
     def mark_done(self) -> None:
         self.set("job/done", "1")
@@ -338,8 +350,7 @@ class JobStore:
         return self.add("lost", 0)
 
     def loss(self, n: int) -> dict | None:
-        name = f"lost/{n}"
-        return json.loads(self.get(name)) if self.has(name) else None
+        return self.get_json(f"lost/{n}")
 
     # ----------------------------------------------------------------- training rounds (elastic)
     def rounds(self) -> int:
@@ -372,6 +383,3 @@ class JobStore:
 
     def verdict(self, incident: str) -> dict | None:
         return self.get_json(f"hang/{incident}/verdict")
-
-    def get_json(self, name: str):
-        return json.loads(self.get(name)) if self.has(name) else None

@@ -172,8 +172,9 @@ class HorovodElasticDriver:
             key = _order_key(host, self.store.add(f"hvd/{host}/orders", 1))
             self.store.set(key, json.dumps({"env": env}))
             while True:
-                if self.store.has(f"{key}/exit"):
-                    return int(self.store.get(f"{key}/exit")), time.time()
+                code = self.store.find(f"{key}/exit")
+                if code is not None:
+                    return int(code), time.time()
                 if not stop_sent and any(event.is_set() for event in events):
                     self.store.set(f"{key}/stop", "1")
                     stop_sent = True
@@ -226,8 +227,9 @@ class HorovodElasticNode:
         try:
             self._take_orders()
             self._report_exits()
-            if self.store.has("hvd/result"):
-                return Outcome.from_json(self.store.get("hvd/result"))
+            result = self.store.find("hvd/result")
+            if result is not None:
+                return Outcome.from_json(result)
         except StoreGone as exc:
             return self.watch.check() or Outcome.lost(f"lost the job store: {exc}")
         return None
@@ -239,9 +241,14 @@ class HorovodElasticNode:
         time.sleep(seconds)
 
     def _take_orders(self) -> None:
+        """The driver counts an order, then writes it: one counted but not yet written is
+        taken at the next poll (on the master, waiting for it here would hold up the job
+        store's one thread, which the driver needs to write it)."""
         count = self.store.add(f"hvd/{self.host}/orders", 0)
         for i in range(len(self.orders) + 1, count + 1):
-            order = json.loads(self.store.get(_order_key(self.host, i)))
+            order = self.store.get_json(_order_key(self.host, i))
+            if order is None:
+                return
             spec = self.plan.launcher.ordered(self.plan, self.placement, order["env"], self._rendezvous(order["env"]))
             self.orders[i] = (spec, self.children.start(spec))
 

@@ -24,6 +24,7 @@ class HorovodRendezvous:
         self.host, self.port = host, port
         self.httpd = None
         self.thread: threading.Thread | None = None
+        self._stopping = threading.Lock()
 
     @staticmethod
     def serving(slots, port: int, host: str = "0.0.0.0") -> "HorovodRendezvous":
@@ -54,7 +55,10 @@ class HorovodRendezvous:
         self.httpd.init(host_alloc_plan)
 
     def stop(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
+        """Once, whoever calls it: Horovod's elastic driver stops its rendezvous from the
+        thread that records the last worker's state, and the job from its own."""
+        with self._stopping:
+            httpd, self.httpd = self.httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()

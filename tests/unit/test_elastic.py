@@ -1,6 +1,7 @@
 """disttrain.elastic's parts in one process, and its round reports through a real job store."""
 
 import io
+import json
 import signal
 import time
 
@@ -143,3 +144,59 @@ def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
         discovery.find_available_hosts_and_slots()
         time.sleep(0.5)
     assert discovery.find_available_hosts_and_slots() == {"node0": 2}
+
+
+def test_an_order_counted_but_not_yet_written_holds_up_nobody_on_the_master(tmp_path):
+    """The driver counts an order for a host, then writes it. On the master both the driver
+    and the node's own poll share one job store thread: a poll that waited for the order
+    between the two would keep the driver from ever writing it (CI: 'no reply within
+    PEER_TIMEOUT' on the master, the elastic job failed before its first step)."""
+    from entrypoint.hardware import Hardware
+    from entrypoint.launchers.horovod_driver import HorovodElasticNode, _order_key
+    from entrypoint.placement import Placement
+    from entrypoint.plan import plan_from_env
+
+    port = free_port()
+    script = tmp_path / "train.py"
+    script.write_text("print('ordered worker ran')\n")
+    env = {"MIN_NODES": "1", "MAX_NODES": "2", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "LAUNCHER": "horovod", "ENTRYPOINT": str(script), "PEER_TIMEOUT": "2"}
+    plan = plan_from_env(env, Image(["pytorch"], ["native", "horovod"]), Hardware(gpus=0, cpus=2, shm_bytes=64 << 20))
+    store = JobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=2)
+    store.connect(deadline=0)
+    node = HorovodElasticNode(store, plan, Placement(0), {}, Log(io.StringIO()), Signals(),
+                              JobWatch(store, plan.config, 0, Log(io.StringIO()), Signals()))
+    assert store.add("hvd/node0/orders", 1) == 1                 # the driver has counted order 1 ...
+    started = time.monotonic()
+    assert node.poll() is None and node.orders == {}             # ... the node's poll does not wait for it
+    store.set(_order_key("node0", 1), json.dumps({"env": {"HOROVOD_RANK": "0"}}))   # ... and the driver writes it
+    assert time.monotonic() - started < 1.0
+    assert node.poll() is None and list(node.orders) == [1]       # taken at the next poll
+    spec, proc = node.orders[1]
+    assert proc.wait(30) == 0 and spec.label == "rank 0"
+
+
+def test_horovods_rendezvous_stops_once_when_two_threads_stop_it():
+    """Horovod's elastic driver stops its rendezvous from the thread that records the last
+    worker's state while the job stops it from its own (CI: AttributeError on the second)."""
+    import threading
+
+    from entrypoint.launchers.horovod_server import HorovodRendezvous
+
+    server = HorovodRendezvous(0, "127.0.0.1")
+    server.start()
+    together, errors = threading.Barrier(4), []
+
+    def stop():
+        together.wait()
+        try:
+            server.stop()
+        except Exception as exc:         # noqa: BLE001 -- any error is the failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == [] and server.httpd is None and not server.thread.is_alive()
