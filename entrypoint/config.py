@@ -293,6 +293,9 @@ VARIABLES = (
                                                     "and horovod.tensorflow.keras need"),
     Var("TF_CPP_MIN_LOG_LEVEL", PassThrough(), None, "TensorFlow's C++ log level; default for TensorFlow and "
                                                      "Keras jobs: 1"),
+    Var("PYTHONFAULTHANDLER", PassThrough(), None, "default 1: a training process that crashes (SIGSEGV, SIGABRT "
+                                                   "in C++ code) prints every thread's Python stack first; 0 turns "
+                                                   "that off"),
     Var("TF_CONFIG", PassThrough(), None, "a TFJob's cluster and task: the container runs that one task"),
     Var("PJRT_DEVICE", PassThrough(), None, "tpu variant: CPU runs PyTorch/XLA on XLA's CPU client; TPU is "
                                             "set on TPU hosts"),

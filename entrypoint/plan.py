@@ -107,6 +107,9 @@ def _common_env(launcher: Launcher, hw: Hardware) -> dict[str, str]:
     config, accel, passed = launcher.config, launcher.accelerator, launcher.config.passed
     env = {
         "PYTHONUNBUFFERED": "1",
+        # A rank that dies in C++ (SIGABRT, SIGSEGV) says where its Python threads were;
+        # Python turns it on for any non-empty value, so the user's 0 becomes empty.
+        "PYTHONFAULTHANDLER": "" if passed.get("PYTHONFAULTHANDLER") == "0" else passed.get("PYTHONFAULTHANDLER", "1"),
         "FRAMEWORK": config.framework,
         "LAUNCHER": config.launcher,
         "SYNC_MODE": config.sync_mode,

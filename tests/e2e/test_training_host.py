@@ -167,13 +167,15 @@ def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(jobs):
 
 
 def test_a_rank_crashing_at_exit_never_strands_its_peer(jobs):
-    """The job store sees the crashed node and stops the other at once: no 300 s wait."""
+    """The job store sees the crashed node and stops the other at once: no 300 s wait. The
+    crashed rank says where its Python was (PYTHONFAULTHANDLER, on by default)."""
     started = time.monotonic()
     codes, output = jobs.run(2, [], timeout=120, ENTRYPOINT=str(ROOT / "tests/e2e/crash_at_exit.py"))
     elapsed = time.monotonic() - started
     assert output.count("ALLREDUCED") == 2, output[-3000:]
     assert codes[1] != 0 and codes[0] != 0, codes
     assert elapsed < 40, elapsed
+    assert "Fatal Python error: Aborted" in output and 'crash_at_exit.py", line 13' in output, output[-3000:]
 
 
 def resumed_steps(output: str) -> dict[int, int]:

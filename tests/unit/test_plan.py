@@ -336,6 +336,13 @@ def test_commands_get_the_shared_environment_and_the_interface():
     assert "WORLD_SIZE" not in env and "DISTTRAIN_LAUNCHER" not in env
 
 
+def test_every_process_prints_its_python_stack_when_it_crashes_unless_turned_off():
+    from entrypoint.plan import command_env
+
+    assert command_env(plan())["PYTHONFAULTHANDLER"] == "1"
+    assert command_env(plan(PYTHONFAULTHANDLER="0"))["PYTHONFAULTHANDLER"] == ""      # Python's "off"
+
+
 def test_one_cpu_node_runs_horovod_over_mpi_and_says_so():
     """One CPU node: Horovod's MPI controller under mpirun (Open MPI's shared memory beats
     Gloo's loopback TCP, README's Benchmarks); no Horovod rendezvous server is needed. Open
