@@ -88,6 +88,34 @@ def measure(sizes: list[int], repeats: int, timeout: float = 300) -> list[dict]:
     return rows
 
 
+def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("torchrun (c10d)", "Horovod (no SSH)"),
+                    timeout: float = 300) -> list[dict]:
+    """JOB_SECRET's cost at start-up: each path without and with the secret, one right after
+    the other in every round (which goes first swaps every round), and the ratio secret/plain
+    of the time until every rank is in within each round: its median and interquartile range."""
+    import statistics
+
+    rows = []
+    for n in sizes:
+        for name in paths:
+            pair = {"plain": PATHS[name], "secret": PATHS[f"{name}, JOB_SECRET"]}
+            seconds: dict[str, list[float]] = {"plain": [], "secret": []}
+            ratios, failures = [], 0
+            for r in range(rounds):
+                order = ["plain", "secret"] if r % 2 == 0 else ["secret", "plain"]
+                got = {which: once(n, pair[which], timeout) for which in order}
+                if None in got.values():
+                    failures += 1
+                    continue
+                for which in order:
+                    seconds[which].append(got[which]["seconds"])
+                ratios.append(got["secret"]["seconds"] / got["plain"]["seconds"])
+            q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [float("nan")] * 3
+            rows.append({"path": name, "nodes": n, "plain": median(seconds["plain"]), "secret": median(seconds["secret"]),
+                         "ratio": q2, "q1": q1, "q3": q3, "rounds": len(ratios), "failures": failures})
+    return rows
+
+
 def store_latency(ops: int) -> list[dict]:
     """The job store's per-operation time as a node's entrypoint sees it: a TCPStore client
     straight to the store, and the same client through its Tunnel and the master's Gate
@@ -132,16 +160,16 @@ def store_latency(ops: int) -> list[dict]:
 def rendezvous_requests(requests: int) -> list[dict]:
     """Horovod's HTTP rendezvous as a worker node's Horovod sees it: a PUT then a GET of a
     key, each on a connection of its own (as Gloo's HTTPStore makes them), straight to the
-    server, through a Tunnel and the master's Gate (JOB_SECRET), and through a Tunnel that
-    opens its TLS connections ahead (`spares`, as the entrypoint's). The Gate runs in a
-    process of its own, as on a master node. Median of `requests` pairs, per request."""
+    server, through a Tunnel and the master's Gate (JOB_SECRET: a TLS connection per
+    request), and through a RequestTunnel (the entrypoint's: each request framed over a kept
+    TLS connection). The Gate runs in a process of its own, as on a master node. Median of
+    `requests` pairs, per request."""
     import http.client
     import subprocess
     import time
 
-    from entrypoint.launchers.horovod_server import TUNNEL_SPARES
     from entrypoint.secret import Identity
-    from entrypoint.tunnel import Tunnel
+    from entrypoint.tunnel import RequestTunnel, Tunnel
 
     gate_port = free_port()
     master = subprocess.Popen([PY, str(WORKLOADS / "gated_rendezvous.py"), str(gate_port), SECRET],
@@ -150,9 +178,9 @@ def rendezvous_requests(requests: int) -> list[dict]:
         local = int(master.stdout.readline())
         context = Identity.derive(SECRET.encode()).client_context()
         tunnels = [Tunnel("127.0.0.1", gate_port, context).start(),
-                   Tunnel("127.0.0.1", gate_port, context, spares=TUNNEL_SPARES).start()]
-        paths = {"plain HTTP": local, "through Tunnel and Gate (JOB_SECRET)": tunnels[0].port,
-                 f"through Tunnel ({TUNNEL_SPARES} spares) and Gate": tunnels[1].port}
+                   RequestTunnel("127.0.0.1", gate_port, context).start()]
+        paths = {"plain HTTP": local, "through Tunnel and Gate (a handshake per request)": tunnels[0].port,
+                 "through RequestTunnel and Gate (kept connections)": tunnels[1].port}
 
         def request(port: int, method: str, key: str) -> float:
             started = time.perf_counter()

@@ -22,7 +22,6 @@ from . import hardware
 from .config import Config, ConfigError
 from .finish import LEAVE_WAIT_S, WAIT_INTERVAL_S
 from .jobstore import JobStore, RendezvousError, StoreGone
-from .launchers.horovod_server import TUNNEL_SPARES
 from .log import Log
 from .outcome import Outcome
 from .placement import NodeInfo, Placement
@@ -30,7 +29,7 @@ from .plan import NodePlan
 from .signals import Signals
 from .progress import ProgressFolder
 from .secret import Identity
-from .tunnel import Tunnel
+from .tunnel import RequestTunnel, Tunnel
 from .vigil import LocalWatch, Vigil
 from .watch import JobWatch, stop_outcome
 
@@ -236,8 +235,8 @@ class Job:
             if launch.get("horovod_port"):
                 met = dataclasses.replace(met, server_port=launch["horovod_port"])
                 if store.identity is not None:        # the master's server is behind its Gate
-                    tunnel = Tunnel(c.master_addr, launch["horovod_port"], store.identity.client_context(),
-                                    spares=TUNNEL_SPARES).start()
+                    tunnel = RequestTunnel(c.master_addr, launch["horovod_port"],
+                                           store.identity.client_context()).start()
                     self.tunnels.append(tunnel)
                     met = dataclasses.replace(met, server_addr="127.0.0.1", server_port=tunnel.port)
         return met

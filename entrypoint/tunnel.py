@@ -14,6 +14,12 @@ name (SNI), and the Gate relays it there if it has a route by that name (`route(
 names go to the Gate's own backend. The per-round stores of torchrun's workers
 (workerstores.py) are reached so, through MASTER_PORT's Gate.
 
+Clients that open a connection per HTTP request (Horovod's rendezvous: a worker polls it
+every 10 ms while Gloo connects) would pay a TLS handshake per request through a Tunnel. A
+`RequestTunnel` reads each request, carries it framed over one of a few TLS connections it
+keeps open, and the Gate hands it to its backend on a connection of its own and returns the
+whole response, framed: a request costs no handshake.
+
 `handshake()` is the workers' probe: it tells "not up yet" from "the master's secret differs"
 and "the master takes no TLS", so a node that cannot get in says why at once.
 
@@ -28,7 +34,6 @@ import socket
 import ssl
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
@@ -38,9 +43,9 @@ ROUTE_SUFFIX = ".disttrain"    # server names that only a Gate's routes answer (
 _SNI = "disttrain_server_name"  # where the server-side SSLObject keeps the name its client asked for
 REFUSAL_QUIET_S = 60.0         # one refusal line per peer address per minute
 CHUNK = 1 << 16
-# A Tunnel's spare connection lives this long unused: under the 3 s after which Horovod's
-# HTTP server drops a connection that has sent no request (http_server.SINGLE_REQUEST_TIMEOUT).
-SPARE_TTL_S = 2.0
+REQUESTS_NAME = "requests.exchange"   # the server name a RequestTunnel asks the Gate for
+MAX_FRAME = 64 << 20                  # bytes in one framed request or response
+EXCHANGE_TIMEOUT_S = 60.0             # the backend's whole response, once it has the request
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
@@ -89,6 +94,41 @@ async def _relay(a: tuple, b: tuple) -> None:
             t.cancel()
         for w in (wa, wb):
             w.close()
+
+
+def frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's bytes; None at a clean end between frames."""
+    try:
+        head = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ConnectionError("the connection ended inside a frame") from None
+        return None
+    size = int.from_bytes(head, "big")
+    if size > MAX_FRAME:
+        raise ConnectionError(f"a frame of {size} bytes (at most {MAX_FRAME})")
+    return await reader.readexactly(size)
+
+
+async def read_http_request(reader: asyncio.StreamReader) -> bytes:
+    """One HTTP request as its client sent it: the head, then Content-Length bytes of body.
+    ValueError for what a request that is relayed whole cannot be (a chunked body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding":
+            raise ValueError("a chunked request body")
+    if not 0 <= length <= MAX_FRAME - len(head):
+        raise ValueError(f"Content-Length {length}")
+    return head + await reader.readexactly(length)
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -205,7 +245,11 @@ class Gate(_Listening):
             return
         protocol.connection_made(tls)
         writer = asyncio.StreamWriter(tls, protocol, reader, loop)
-        port = self._backend_for(getattr(tls.get_extra_info("ssl_object"), _SNI, None))
+        server_name = getattr(tls.get_extra_info("ssl_object"), _SNI, None)
+        if server_name == REQUESTS_NAME:
+            await self._exchange_requests(reader, writer)
+            return
+        port = self._backend_for(server_name)
         if port is None:
             writer.close()
             return
@@ -215,6 +259,26 @@ class Gate(_Listening):
             writer.close()
             return
         await _relay((reader, writer), backend)
+
+    async def _exchange_requests(self, reader, writer) -> None:
+        """A RequestTunnel's connection: framed requests, one after another, each handed to
+        the backend on a connection of its own, its whole response sent back framed (the
+        backend closes each connection after its response, as HTTP/1.0 servers do)."""
+        try:
+            while (request := await read_frame(reader)) is not None:
+                backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
+                try:
+                    backend_writer.write(request)
+                    await backend_writer.drain()
+                    response = await asyncio.wait_for(backend_reader.read(), EXCHANGE_TIMEOUT_S)
+                finally:
+                    backend_writer.close()
+                writer.write(frame(response))
+                await writer.drain()
+        except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            pass
+        finally:
+            writer.close()
 
 
 class Gated:
@@ -238,38 +302,23 @@ class Gated:
 
 class Tunnel(_Listening):
     """127.0.0.1:<port> (chosen free) -> TLS to host:port; `server_name`: one of the Gate's
-    routes (Gate.route), else its own backend.
+    routes (Gate.route), else its own backend."""
 
-    `spares`: for clients that open a connection per request (Horovod's HTTP rendezvous:
-    dozens of requests per worker in hvd.init), each local connection that arrives takes a
-    TLS connection opened ahead (when one is ready) and has another opened behind it, so
-    the handshakes of a burst of requests overlap the requests instead of preceding each.
-    A spare unused for SPARE_TTL_S is closed and not replaced: outside a burst no spare
-    is held, and none outlives the idle timeout of the server behind the Gate."""
-
-    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str | None = None,
-                 spares: int = 0):
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str | None = None):
         self.host, self.remote_port, self.context = host, port, context
         self.server_name = server_name or host
         self.port: int | None = None
-        self.spares = spares
-        self._spare: deque = deque()         # (reader, writer, opened at): handshaken, unused
-        self._opening = 0
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "Tunnel":
+    def start(self):
         async def serve():
             return await asyncio.start_server(lambda r, w: _spawn(self._on_local(r, w)), "127.0.0.1", 0)
         self._server = _run(serve(), 10)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
-
-    def stop(self) -> None:
-        super().stop()
-        _loop().call_soon_threadsafe(self._drop_spares, 0.0)
 
     async def _open(self) -> tuple:
         return await asyncio.wait_for(
@@ -277,49 +326,75 @@ class Tunnel(_Listening):
             HANDSHAKE_TIMEOUT_S)
 
     async def _on_local(self, reader, writer) -> None:
-        remote = self._take_spare()
-        self._open_spares()
-        if remote is None:
-            try:
-                remote = await self._open()
-            except (OSError, ssl.SSLError, asyncio.TimeoutError):
-                writer.transport.abort()
-                return
+        try:
+            remote = await self._open()
+        except (OSError, ssl.SSLError, asyncio.TimeoutError):
+            writer.transport.abort()
+            return
         await _relay((reader, writer), remote)
 
-    def _take_spare(self) -> tuple | None:
-        self._drop_spares(SPARE_TTL_S)
-        while self._spare:
-            remote_reader, remote_writer, _ = self._spare.popleft()
-            if not (remote_writer.is_closing() or remote_reader.at_eof()):
-                return remote_reader, remote_writer
-            remote_writer.close()
-        return None
 
-    def _open_spares(self) -> None:
-        while self._server is not None and len(self._spare) + self._opening < self.spares:
-            self._opening += 1
-            _spawn(self._open_spare())
+class RequestTunnel(Tunnel):
+    """A Tunnel for HTTP clients that open a connection per request (Horovod's rendezvous):
+    each local connection brings one request, which travels framed over a TLS connection to
+    the Gate kept open between requests (as many as requests come at once), and gets the
+    backend's whole response, then the local connection is closed, as the backend closes it."""
 
-    async def _open_spare(self) -> None:
+    def __init__(self, host: str, port: int, context: ssl.SSLContext):
+        super().__init__(host, port, context, server_name=REQUESTS_NAME)
+        self._idle: list[tuple] = []        # TLS connections between two requests
+
+    def stop(self) -> None:
+        super().stop()
+        _loop().call_soon_threadsafe(self._close_idle)
+
+    def _close_idle(self) -> None:
+        while self._idle:
+            self._idle.pop()[1].close()
+
+    async def _on_local(self, reader, writer) -> None:
         try:
-            remote_reader, remote_writer = await self._open()
-        except (OSError, ssl.SSLError, asyncio.TimeoutError):
-            return                           # the next local connection opens its own, and tries again
-        finally:
-            self._opening -= 1
-        if self._server is None:
-            remote_writer.close()
+            request = await read_http_request(reader)
+        except (ValueError, ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.transport.abort()
             return
-        loop = asyncio.get_running_loop()
-        self._spare.append((remote_reader, remote_writer, loop.time()))
-        loop.call_later(SPARE_TTL_S, self._drop_spares, SPARE_TTL_S - 0.05)   # (timers may fire early)
+        response = await self._exchange(request)
+        if response is None:
+            writer.transport.abort()
+            return
+        writer.write(response)
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
 
-    def _drop_spares(self, older_than: float) -> None:
-        """Close the spares opened at least `older_than` seconds ago (0: all of them)."""
-        now = asyncio.get_running_loop().time()       # (called on the relay loop only)
-        while self._spare and now - self._spare[0][2] >= older_than:
-            self._spare.popleft()[1].close()
+    async def _exchange(self, request: bytes) -> bytes | None:
+        """The response, over a kept connection (once more over a new one when the kept one
+        turns out closed); None when the Gate cannot be reached."""
+        while True:
+            kept = bool(self._idle)
+            try:
+                remote = self._idle.pop() if kept else await self._open()
+            except (OSError, ssl.SSLError, asyncio.TimeoutError):
+                return None
+            remote_reader, remote_writer = remote
+            try:
+                remote_writer.write(frame(request))
+                await remote_writer.drain()
+                response = await read_frame(remote_reader)
+            except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError):
+                response = None
+            if response is None:
+                remote_writer.close()
+                if kept:
+                    continue
+                return None
+            if self._server is not None:
+                self._idle.append(remote)
+            else:
+                remote_writer.close()
+            return response
 
 
 class Answer(enum.Enum):

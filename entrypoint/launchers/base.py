@@ -112,7 +112,9 @@ class Launcher:
     # ----------------------------------------------------------------- running
     def serve(self, plan, nodes: list[NodeInfo], store: JobStore | None, log: Log) -> Server | None:
         """On the master (or the one local node), once the nodes are known. Raises OSError
-        when its port cannot be served (Job reports it as a failed rendezvous)."""
+        when its port cannot be served (Job reports it as a failed rendezvous). What is
+        served speaks HTTP, a request per connection (Horovod's rendezvous): behind
+        JOB_SECRET the other nodes reach it through a tunnel.RequestTunnel."""
         return None
 
     def launch_env(self, nodes: list[NodeInfo]) -> tuple[dict[str, str], ...]:

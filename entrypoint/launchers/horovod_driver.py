@@ -37,10 +37,10 @@ from ..processes import ProcessSpec
 from ..signals import Signals
 from ..supervision import POLL_INTERVAL, supervise
 from ..supervisor import Children
-from ..tunnel import Gated, Tunnel
+from ..tunnel import Gated, RequestTunnel
 from ..watch import Heartbeats, JobWatch
 from .horovod import gloo_env, host_name, node_env, node_rank_of, slot_env
-from .horovod_server import TUNNEL_SPARES, HorovodRendezvous
+from .horovod_server import HorovodRendezvous
 
 PENDING_JOIN_S = 3.0     # a discovered host unassigned this long is announced to rank 0 again
 
@@ -197,7 +197,7 @@ class HorovodElasticNode:
         self.children = Children(base_env, plan.config.grace_period, log)
         self.orders: dict[int, tuple[ProcessSpec, object]] = {}
         self.reported: set[int] = set()
-        self.tunnel: Tunnel | None = None
+        self.tunnel: RequestTunnel | None = None
 
     def run(self) -> Outcome:
         try:
@@ -218,8 +218,8 @@ class HorovodElasticNode:
             return self.placement.horovod_addr, self.placement.horovod_port
         if self.tunnel is None:
             port = int(order_env["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-            self.tunnel = Tunnel(self.plan.config.master_addr, port, self.store.identity.client_context(),
-                                 spares=TUNNEL_SPARES).start()
+            self.tunnel = RequestTunnel(self.plan.config.master_addr, port,
+                                        self.store.identity.client_context()).start()
         return "127.0.0.1", self.tunnel.port
 
     # ----------------------------------------------------------------- Supervised

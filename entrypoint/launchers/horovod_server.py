@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import threading
 
-# Behind JOB_SECRET, a worker node reaches this server through a Tunnel to its Gate, and
-# Horovod's clients (Gloo's HTTPStore, the elastic workers) open a connection per request:
-# the tunnel keeps this many TLS connections opened ahead during a burst (tunnel.Tunnel).
-TUNNEL_SPARES = 2
-
 
 class HorovodRendezvous:
     def __init__(self, port: int, host: str = "0.0.0.0"):

@@ -13,7 +13,7 @@ import pytest
 from entrypoint.config import ConfigError
 from entrypoint.explain import control_plane
 from entrypoint.secret import MIN_SECRET_CHARS, Identity, SecretError, read_secret
-from entrypoint.tunnel import Answer, Gate, Refusals, Tunnel, handshake, refusal_reason
+from entrypoint.tunnel import Answer, Gate, Refusals, RequestTunnel, Tunnel, handshake, refusal_reason
 from tests.unit.test_plan import plan
 
 SECRET = b"a-test-secret-of-32-characters!!"
@@ -140,13 +140,13 @@ def test_a_gate_relays_a_routed_server_name_to_its_own_backend_and_a_past_route_
     shout.close()
 
 
-class StampingServer:
-    """A threaded TCP server on loopback, as Horovod's rendezvous: each request is answered
-    with when its connection was accepted; a connection idle for `idle_s` is closed."""
+class CountingProxy:
+    """TCP on loopback between a tunnel and its Gate: counts the connections (each a TLS
+    handshake) and can cut them all, as a restarted Gate or a network blip would."""
 
-    def __init__(self, idle_s: float = 3.0):
+    def __init__(self, port: int):
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.idle_s, self.open = idle_s, 0
+        self.port, self.target, self.connections, self.open = self.sock.getsockname()[1], port, 0, []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -155,70 +155,131 @@ class StampingServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn, time.monotonic()), daemon=True).start()
+            self.connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [conn, upstream]
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    def _serve(self, conn, accepted):
-        self.open += 1
-        conn.settimeout(self.idle_s)
-        with conn:
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
             try:
-                while conn.recv(1024):
-                    conn.sendall(repr(accepted).encode())
+                s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self.open -= 1
+
+    def cut(self):
+        for s in self.open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.open = []
+
+    def close(self):
+        self.cut()
+        self.sock.close()
 
 
-def spare_gate(server):
+@pytest.fixture
+def horovod_behind_a_gate():
+    """Horovod's own rendezvous server (its KV store) on loopback behind a Gate, as a master
+    runs it with JOB_SECRET, and a counting proxy in front of the Gate."""
+    from entrypoint.launchers.horovod_server import HorovodRendezvous
+    from entrypoint.tunnel import Gated
+
+    server = HorovodRendezvous(0, "127.0.0.1")
+    server.start()
     port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]
-    return Gate(port, server.sock.getsockname()[1], Identity.derive(SECRET).server_context(), print).start()
+    said: list[str] = []
+    gated = Gated(server, port, Identity.derive(SECRET).server_context(), said.append)
+    proxy = CountingProxy(port)
+    yield proxy, said
+    proxy.close()
+    gated.stop()
 
 
-def request(tunnel) -> float:
-    """One request on a new connection, as Horovod's client makes each: when the server
-    accepted the connection that answered it."""
-    with socket.create_connection(("127.0.0.1", tunnel.port), timeout=5) as conn:
-        conn.sendall(b"GET")
-        return float(conn.recv(64))
+def put_and_get(port: int, key: str, value: bytes) -> bytes:
+    """Horovod's own client, as its elastic workers use it: a new connection per request."""
+    from horovod.runner.http.http_client import put_data_into_kvstore, read_data_from_kvstore
+
+    put_data_into_kvstore("127.0.0.1", port, "scope", key, value)
+    return read_data_from_kvstore("127.0.0.1", port, "scope", key)
 
 
-def test_a_tunnel_with_spares_answers_a_burst_on_connections_opened_ahead_then_lets_them_go(monkeypatch):
-    monkeypatch.setattr("entrypoint.tunnel.SPARE_TTL_S", 0.6)
-    server = StampingServer()
-    g = spare_gate(server)
-    tunnel = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context(), spares=2).start()
-    plain = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).start()
+def test_a_request_tunnel_carries_horovods_requests_over_one_kept_connection(horovod_behind_a_gate):
+    from horovod.runner.http.http_client import read_data_from_kvstore
+    proxy, _ = horovod_behind_a_gate
+    tunnel = RequestTunnel("127.0.0.1", proxy.port, Identity.derive(SECRET).client_context()).start()
     try:
-        request(tunnel)                                   # the burst's first request opens the spares
-        time.sleep(0.3)
-        for _ in range(3):
-            asked = time.monotonic()
-            assert request(tunnel) < asked                # its connection was there before it asked
-            time.sleep(0.1)
-        asked = time.monotonic()
-        assert request(plain) > asked                     # the control: without spares, opened on demand
-        time.sleep(0.6 + 1.0)
-        assert server.open == 0                           # unused spares closed, none opened again
+        for i in range(20):
+            assert put_and_get(tunnel.port, f"k{i}", f"value {i}".encode()) == f"value {i}".encode()
+        big = bytes(range(256)) * 4096                            # 1 MiB, as a pickled host list may grow
+        assert put_and_get(tunnel.port, "big", big) == big
+        with pytest.raises(RuntimeError, match="404"):            # a key not put: Horovod's answer, 404
+            read_data_from_kvstore("127.0.0.1", tunnel.port, "scope", "never-put")
+        assert proxy.connections == 1                             # 43 requests, one TLS handshake
     finally:
-        tunnel.stop(), plain.stop(), g.stop()
-        server.sock.close()
-
-
-def test_a_spare_the_server_dropped_is_passed_over(monkeypatch):
-    """A spare held past the server's idle timeout (closed by it) is not used: the request
-    gets a fresh connection and its answer."""
-    monkeypatch.setattr("entrypoint.tunnel.SPARE_TTL_S", 5.0)
-    server = StampingServer(idle_s=0.3)
-    g = spare_gate(server)
-    tunnel = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context(), spares=2).start()
+        tunnel.stop()
+    plain = Tunnel("127.0.0.1", proxy.port, Identity.derive(SECRET).client_context()).start()
     try:
-        request(tunnel)
-        time.sleep(0.8)                                   # the spares are open, and the server dropped them
-        asked = time.monotonic()
-        assert request(tunnel) > asked
+        put_and_get(plain.port, "k", b"v")
+        assert proxy.connections == 1 + 2                         # the control: one per request
     finally:
-        tunnel.stop(), g.stop()
-        server.sock.close()
+        plain.stop()
+
+
+def test_requests_at_once_each_get_their_own_answer(horovod_behind_a_gate):
+    proxy, _ = horovod_behind_a_gate
+    tunnel = RequestTunnel("127.0.0.1", proxy.port, Identity.derive(SECRET).client_context()).start()
+    answers: dict[int, bytes] = {}
+
+    def worker(i):
+        for j in range(10):
+            answers[i * 100 + j] = put_and_get(tunnel.port, f"w{i}-{j}", f"{i}:{j}".encode() * (i + 1))
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert answers == {i * 100 + j: f"{i}:{j}".encode() * (i + 1) for i in range(8) for j in range(10)}
+        assert 1 <= proxy.connections <= 8                        # at most one per request in flight
+    finally:
+        tunnel.stop()
+
+
+def test_a_kept_connection_that_was_cut_is_replaced_and_the_request_answered(horovod_behind_a_gate):
+    proxy, _ = horovod_behind_a_gate
+    tunnel = RequestTunnel("127.0.0.1", proxy.port, Identity.derive(SECRET).client_context()).start()
+    try:
+        assert put_and_get(tunnel.port, "before", b"1") == b"1"
+        proxy.cut()
+        time.sleep(0.2)
+        assert put_and_get(tunnel.port, "after", b"2") == b"2"
+        assert proxy.connections == 2
+    finally:
+        tunnel.stop()
+
+
+def test_a_request_tunnel_with_another_secret_gets_no_answer(horovod_behind_a_gate):
+    proxy, said = horovod_behind_a_gate
+    other = Identity.derive(b"another-secret-of-32-characters!").client_context()
+    tunnel = RequestTunnel("127.0.0.1", proxy.port, other).start()
+    try:
+        with pytest.raises(Exception):                            # the local connection is aborted
+            put_and_get(tunnel.port, "k", b"v")
+        assert not said or "not this job's" in said[-1]          # (dropped before its alert is read)
+        assert proxy.connections >= 1
+    finally:
+        tunnel.stop()
 
 
 def test_probes_tell_a_wrong_secret_from_no_tls_and_from_nothing_there(gate):
