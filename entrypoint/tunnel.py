@@ -313,7 +313,7 @@ class Tunnel(_Listening):
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self):
+    def start(self) -> "Tunnel":
         async def serve():
             return await asyncio.start_server(lambda r, w: _spawn(self._on_local(r, w)), "127.0.0.1", 0)
         self._server = _run(serve(), 10)
