@@ -15,7 +15,7 @@ By default Python ends at SIGTERM, and the steps since the last checkpoint are l
         ...one step...
         if dt.stop_requested():          # every rank, the same step
             checkpoint.save(state, step + 1, ...)
-            preemption.leave()           # exit 143, as the signal would have
+            dt.finish(preemption.exit_code())   # exit 143, as the signal would have
 
 the loop finishes its step, checkpoints, and the job resumes from there when it is
 restarted or requeued (same RUN_ID and CHECKPOINT_DIR). The signal reaches the ranks at
@@ -54,7 +54,14 @@ def requested() -> bool:
     return signum is not None
 
 
+def exit_code() -> int:
+    """What the signal would have ended the process with: 128 + its number."""
+    return 128 + (_state["signal"] or signal.SIGTERM)
+
+
 def leave() -> None:
-    """End the process as the signal would have (exit 128 + its number)."""
+    """End the process as the signal would have (exit_code()). A PyTorch job ends with
+    disttrain.torch.finish(preemption.exit_code()) instead: the group torn down, no
+    interpreter teardown."""
     sys.stdout.flush()
-    sys.exit(128 + (_state["signal"] or signal.SIGTERM))
+    sys.exit(exit_code())

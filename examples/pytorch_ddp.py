@@ -62,12 +62,11 @@ for step in range(start, args.steps):
                         writer=torch.save, ext="pt")
     if stopping:
         synthetic.preempted(rank, step + 1)
-        dt.shutdown()
-        preemption.leave()
+        dt.finish(preemption.exit_code())
 elapsed = time.perf_counter() - started
 if info.sync_mode == "async":
     dt.average_parameters(model)        # local SGD ends with one final average
 synthetic.report("pytorch", rank, world, before, full_loss(), dt.parameter_digest(model),
                  device=str(device), sync=info.sync_mode,
                  samples_per_s=f"{(args.steps - timed_from) * args.batch_size * world / max(elapsed, 1e-9):.0f}")
-dt.shutdown()
+dt.finish()

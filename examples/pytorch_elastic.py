@@ -44,4 +44,4 @@ with elastic.Run(model=model, optimizer=optimizer, every=args.checkpoint_every) 
 
 synthetic.report("pytorch-elastic", rank, world, before, full_loss(), dt.parameter_digest(model),
                  resumed_from=run.resumed_from)
-dt.shutdown()
+dt.finish()

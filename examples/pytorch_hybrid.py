@@ -79,4 +79,4 @@ for step in range(start, args.steps):
 found = digests()
 synthetic.report("pytorch-hybrid", rank, dist.get_world_size(), before, full_loss(), found["digest"],
                  full=found["full"], dp=f"{dp_rank}/{dp_size}", tp=f"{mesh.get_local_rank('tp')}/{mesh.size(1)}")
-dt.shutdown()
+dt.finish()

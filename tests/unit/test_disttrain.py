@@ -207,3 +207,28 @@ def test_preemption_turns_sigterm_into_a_flag_the_loop_reads_then_leaves_with_14
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
     assert done.stdout == "checkpointing\n"
     assert "PREEMPTION signal SIGTERM" in done.stderr
+
+
+def test_finish_tears_down_the_group_flushes_and_exits_without_the_interpreters_teardown(tmp_path):
+    """A one-rank gloo group: finish() destroys it (the barrier, then destroy_process_group),
+    flushes what was printed without flush, and exits with the code given; atexit handlers,
+    part of the teardown it skips, do not run."""
+    import subprocess
+    import sys
+
+    from bench.procs import free_port
+
+    code = ("import atexit, os\n"
+            "import torch.distributed as dist\n"
+            "from disttrain import torch as dt\n"
+            f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{free_port()}', RANK='0', WORLD_SIZE='1')\n"
+            "dist.init_process_group('gloo')\n"
+            "destroy = dist.destroy_process_group\n"
+            "dist.destroy_process_group = lambda: (print('destroyed', end=' '), destroy())\n"
+            "atexit.register(print, 'atexit ran')\n"
+            "print('trained', end=' ')\n"
+            "dt.finish(7)\n"
+            "print('after finish')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr[-2000:]
+    assert done.stdout == "trained destroyed "
