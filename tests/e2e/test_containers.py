@@ -323,8 +323,10 @@ def test_seed_horovod_snippet_under_the_seed_compose_stops_instead_of_training_a
         fixed.down()
 
 
-DDP_SCRIPT = '''"""torch.distributed only (seed 000's integration note), nothing of Horovod."""
-import hashlib, os
+DDP_SCRIPT = '''"""torch.distributed only (seed 000's integration note), nothing of Horovod. It ends
+as docs/usage.md tells plain torch scripts to: torch 2.13 + Gloo can abort a finished rank in
+the interpreter's teardown while DDP still holds the group (docs/testing.md)."""
+import hashlib, os, sys
 import torch, torch.distributed as dist
 from torch import nn
 dist.init_process_group("gloo")
@@ -343,6 +345,8 @@ print(f"RESULT framework=pytorch rank={rank} world={world} loss_before={before:.
       f"digest={digest}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
 '''
 
 
