@@ -198,7 +198,16 @@ class JobStore:
                                   f"{_first_line(exc) if isinstance(exc, RuntimeError) else exc}") from None
 
     def close(self) -> None:
-        """Stop serving (the Gate) and tunnelling; the store itself goes with the process."""
+        """Stop serving (the Gate) and tunnelling; the store itself goes with the process.
+        A node's last writes reach the master first: TCPStore's set sends without waiting
+        for a reply, so through a Tunnel its bytes could still be in this process's relay
+        when the process ends (the master would wait for a `left` that never comes, or miss
+        an abort's reason). A round trip after them means the store has read them."""
+        if self.tunnel is not None and self.connected and self._gone is None:
+            try:
+                self.has("job/done")          # answered after every write before it
+            except StoreGone:
+                pass
         for server in (self.gate, self.tunnel):
             if server is not None:
                 server.stop()

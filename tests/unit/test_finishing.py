@@ -103,3 +103,43 @@ def test_a_master_that_ends_the_job_waits_at_most_grace_period_plus_leave_wait_s
     waited = time.monotonic() - start
     assert outcome.reason == "node 0: rank 0 exited with code 3" and master_store.aborted() is not None
     assert 1 + finish_module.LEAVE_WAIT_S - 0.5 <= waited <= 1 + finish_module.LEAVE_WAIT_S + 2, waited
+
+
+WORKER_BEHIND_A_TUNNEL = """
+import os, sys, time
+from entrypoint.jobstore import JobStore
+from entrypoint.secret import Identity
+store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=5,
+                 identity=Identity.derive(sys.argv[2].encode()))
+store.connect(deadline=time.monotonic() + 10)
+store.leave(1)
+store.close()
+os._exit(0)                       # as a node ends: nothing after close() waits for the relay
+"""
+
+
+def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_exits():
+    """TCPStore's set does not wait for a reply: behind JOB_SECRET its bytes pass through the
+    worker's own Tunnel, so a worker that wrote `left` and exited at once could take them
+    with it, and the master would wait LEAVE_WAIT_S for nothing (every job with a secret
+    ended 2 s late so)."""
+    import subprocess
+    import sys
+
+    from entrypoint.secret import Identity
+
+    secret = "a-test-secret-of-32-characters!!"
+    port = free_port()
+    master = JobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5,
+                      identity=Identity.derive(secret.encode()), say=lambda line: None)
+    master.connect(deadline=time.monotonic() + 10)
+    try:
+        for _ in range(5):
+            master.store.delete_key(master.prefix + "node/1/left")
+            subprocess.run([sys.executable, "-c", WORKER_BEHIND_A_TUNNEL, str(port), secret], check=True, timeout=60)
+            deadline = time.monotonic() + 1.0
+            while not master.has_left(1) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert master.has_left(1)
+    finally:
+        master.close()
