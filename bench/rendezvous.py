@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from .compare import spread
 from .procs import PY, WORKLOADS, base_env, children_cpu_seconds, entrypoint, free_port, median, run_many, stamps
 
 READY = str(WORKLOADS / "ready.py")
@@ -93,8 +94,6 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
     """JOB_SECRET's cost at start-up: each path without and with the secret, one right after
     the other in every round (which goes first swaps every round), and the ratio secret/plain
     of the time until every rank is in within each round: its median and interquartile range."""
-    import statistics
-
     rows = []
     for n in sizes:
         for name in paths:
@@ -110,7 +109,7 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
                 for which in order:
                     seconds[which].append(got[which]["seconds"])
                 ratios.append(got["secret"]["seconds"] / got["plain"]["seconds"])
-            q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [float("nan")] * 3
+            q2, q1, q3 = spread(ratios) if ratios else (float("nan"),) * 3
             rows.append({"path": name, "nodes": n, "plain": median(seconds["plain"]), "secret": median(seconds["secret"]),
                          "ratio": q2, "q1": q1, "q3": q3, "rounds": len(ratios), "failures": failures})
     return rows
