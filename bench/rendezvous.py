@@ -93,12 +93,13 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
                     timeout: float = 300) -> list[dict]:
     """JOB_SECRET's cost at start-up: each path without and with the secret, one right after
     the other in every round (which goes first swaps every round), and the ratio secret/plain
-    of the time until every rank is in within each round: its median and interquartile range."""
+    of the time until every rank is in within each round: its median and interquartile range;
+    and the medians of the whole job's wall time (to the last node's exit) both ways."""
     rows = []
     for n in sizes:
         for name in paths:
             pair = {"plain": PATHS[name], "secret": PATHS[f"{name}, JOB_SECRET"]}
-            seconds: dict[str, list[float]] = {"plain": [], "secret": []}
+            runs: dict[str, list[dict]] = {"plain": [], "secret": []}
             ratios, failures = [], 0
             for r in range(rounds):
                 order = ["plain", "secret"] if r % 2 == 0 else ["secret", "plain"]
@@ -107,11 +108,13 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
                     failures += 1
                     continue
                 for which in order:
-                    seconds[which].append(got[which]["seconds"])
+                    runs[which].append(got[which])
                 ratios.append(got["secret"]["seconds"] / got["plain"]["seconds"])
             q2, q1, q3 = spread(ratios) if ratios else (float("nan"),) * 3
-            rows.append({"path": name, "nodes": n, "plain": median(seconds["plain"]), "secret": median(seconds["secret"]),
-                         "ratio": q2, "q1": q1, "q3": q3, "rounds": len(ratios), "failures": failures})
+            rows.append({"path": name, "nodes": n, "ratio": q2, "q1": q1, "q3": q3, "rounds": len(ratios),
+                         "failures": failures,
+                         **{f"{which}{suffix}": median([run[key] for run in runs[which]])
+                            for which in runs for key, suffix in (("seconds", ""), ("wall", "_wall"))}})
     return rows
 
 

@@ -45,6 +45,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Callable, TypeVar
 
 from .outcome import Outcome
 from .placement import NodeInfo, job_prefix
@@ -54,6 +55,9 @@ from .tunnel import Answer, Gate, Tunnel, handshake
 # A worker usually starts before its master's store serves: a probe is cheap (DNS, then a
 # TCP connect), so it is retried often; once a second cost each job up to a second.
 CONNECT_RETRY_S = 0.2
+
+
+T = TypeVar("T")
 
 
 class StoreGone(Exception):
@@ -272,9 +276,13 @@ class JobStore:
         """The key's value, or None while it is not set (keys are never deleted)."""
         return self.get(name) if self.has(name) else None
 
-    def get_json(self, name: str):
+    def find_as(self, name: str, parse: Callable[[str], T]) -> T | None:
+        """The key's value parsed, or None while it is not set."""
         found = self.find(name)
-        return json.loads(found) if found is not None else None
+        return parse(found) if found is not None else None
+
+    def get_json(self, name: str):
+        return self.find_as(name, json.loads)
 
     def set(self, name: str, value: str) -> None:
         self._call(self.store.set, self.prefix + name, value)
@@ -310,8 +318,7 @@ class JobStore:
         self.set(f"node/{info.node_rank}/info", info.to_json())
 
     def node_info(self, rank: int) -> NodeInfo | None:
-        found = self.find(f"node/{rank}/info")
-        return NodeInfo.from_json(found) if found is not None else None
+        return self.find_as(f"node/{rank}/info", NodeInfo.from_json)
 
     def beat(self, rank: int) -> None:
         self.add(f"node/{rank}/hb", 1)
@@ -323,8 +330,7 @@ class JobStore:
         self.set(f"node/{rank}/exit", outcome.to_json())
 
     def exit(self, rank: int) -> Outcome | None:
-        found = self.find(f"node/{rank}/exit")
-        return Outcome.from_json(found) if found is not None else None
+        return self.find_as(f"node/{rank}/exit", Outcome.from_json)
 
     # ----------------------------------------------------------------- the job
     def announce_launch(self, horovod_port: int | None, torch_port: int | None = None,
@@ -349,8 +355,7 @@ class JobStore:
             pass
 
     def aborted(self) -> Outcome | None:
-        found = self.find("job/abort")
-        return Outcome.from_json(found) if found is not None else None
+        return self.find_as("job/abort", Outcome.from_json)
 
     def mark_done(self) -> None:
         self.set("job/done", "1")

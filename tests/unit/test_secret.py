@@ -274,7 +274,9 @@ def test_a_request_tunnel_with_another_secret_gets_no_answer(horovod_behind_a_ga
     other = Identity.derive(b"another-secret-of-32-characters!").client_context()
     tunnel = RequestTunnel("127.0.0.1", proxy.port, other).start()
     try:
-        with pytest.raises(Exception):                            # the local connection is aborted
+        # The local connection is aborted: Horovod's client says so (RuntimeError) or
+        # http.client does (RemoteDisconnected, a ConnectionError).
+        with pytest.raises((RuntimeError, ConnectionError)):
             put_and_get(tunnel.port, "k", b"v")
         assert not said or "not this job's" in said[-1]          # (dropped before its alert is read)
         assert proxy.connections >= 1
