@@ -276,7 +276,9 @@ VARIABLES = (
         "TensorFlow's and MXNet's fixed ports, for firewalls: base + n, the master's servers "
         '(TF chief and ps, MXNet scheduler and servers) first, then one per process; default: '
         'free ports'),
-    Var("HOSTFILE", Text(), None, '`LAUNCHER=mpi` across nodes: Open MPI hostfile read by `mpirun` on the master'),
+    Var("HOSTFILE", Text(), None, '`LAUNCHER=mpi` across nodes: Open MPI hostfile read by `mpirun` on the master, which '
+        'reaches the other hosts through its launch agent (ssh, or `OMPI_MCA_plm_rsh_agent`); the master first, '
+        'so that rank 0 runs there'),
     Var("IB_HCA", Text(r"^[\^=]?[A-Za-z0-9_]+(:\d+)?(,[A-Za-z0-9_]+(:\d+)?)*$",
                        "must be a list of HCAs like mlx5_0:1,mlx5_1:1"), None,
         "InfiniBand adapters for NCCL (NCCL_IB_HCA), e.g. mlx5_0:1"),

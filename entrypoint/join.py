@@ -204,7 +204,8 @@ class Job:
         """The launcher's part of joining: the other nodes' addresses when it exchanges them,
         its server on the master (announced with the port of torch's env:// store for
         launchers whose processes form their own group, and its per-rank variables), or the
-        master's announcement."""
+        master's announcement. Where the master starts every rank (mpirun), that port is the
+        master's alone to pick."""
         c, launcher, store = self.config, self.plan.launcher, self.store
         met = Meeting((me,), c.master_addr, c.horovod_port)
         if launcher.exchange:
@@ -228,6 +229,8 @@ class Job:
                                           launch_env=launcher.launch_env(list(met.nodes)))
                 store.announce_launch(horovod_port=self.server.port if self.server else None,
                                       torch_port=met.torch_port, launch_env=met.launch_env)
+            elif launcher.ranks_own_store:
+                met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0])
         elif launcher.exchange:
             launch = self._wait_for_launch(me.node_rank, deadline)
             met = dataclasses.replace(met, torch_port=launch.get("torch_port"),

@@ -67,6 +67,8 @@ class Launcher:
     exchange = False                 # the nodes publish their addresses and wait for each other
     numeric_addr = False             # publish an IP, not a name
     serves = False                   # serves something of its own on the master (serve())
+    ranks_own_store = False          # the master's processes alone start every rank, and those form torch's
+                                     # env:// group on a port picked on the master (MASTER_PORT is the job store's)
     transport = ""                   # how the ranks talk, for the preflight line, where worth saying
 
     # ----------------------------------------------------------------- planning

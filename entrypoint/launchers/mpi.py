@@ -13,6 +13,8 @@ from .base import Launcher
 
 @dataclass(frozen=True)
 class Mpirun(Launcher):
+    ranks_own_store = True
+
     def describe(self) -> str:
         c = self.config
         return "mpirun (Open MPI)" + (f" across the nodes of HOSTFILE={c.hostfile}" if c.hostfile else "")
@@ -20,7 +22,9 @@ class Mpirun(Launcher):
     def open_despite_secret(self) -> list[str]:
         if self.mode == "distributed":
             return ["Open MPI's out-of-band channel between mpirun and its daemons, which your launch agent "
-                    "starts (Open MPI has no TLS)"]
+                    "starts (Open MPI has no TLS)",
+                    "the ranks' own torch.distributed store, which rank 0 serves on a free port of the master "
+                    "(the ranks on other hosts are mpirun's, with no tunnel of their own to the job store)"]
         return []
 
     def processes(self, plan, placement) -> list[ProcessSpec]:

@@ -122,6 +122,24 @@ def test_mpi_launcher_single_node(jobs):
     check_trained(output, 2)
 
 
+@pytest.mark.parametrize("secret", [False, True], ids=["plain", "secret"])
+def test_mpi_launcher_across_two_hosts_trains_pytorch(jobs, tmp_path, secret):
+    """mpirun on the master starts a rank on each host of HOSTFILE through its launch agent
+    (ssh in production; here tests/e2e/launch_agent_here.sh). The ranks form torch's env://
+    group on a port the master picks: MASTER_PORT is the job store's, where rank 0 used to
+    fail with EADDRINUSE."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    more = {"JOB_SECRET": "a-test-secret-of-32-characters!!"} if secret else {}
+    codes, output = jobs.run(2, ["--steps", "40"], LAUNCHER="mpi", HOSTFILE=str(hosts),
+                             OMPI_MCA_plm_rsh_agent=str(ROOT / "tests" / "e2e" / "launch_agent_here.sh"), **more)
+    assert codes == [0, 0], output[-4000:]
+    check_trained(output, 2)
+    assert ("(TLS, JOB_SECRET)" in output) == secret
+    if secret:
+        assert "WARNING: JOB_SECRET does not cover the ranks' own torch.distributed store" in output
+
+
 def test_ranks_are_assigned_at_rendezvous_without_node_rank(jobs):
     codes, output = jobs.run(3, ["--steps", "20"], LAUNCHER="horovod")
     assert codes == [0, 0, 0], output[-4000:]
