@@ -55,6 +55,7 @@ from .tunnel import Answer, Gate, Tunnel, handshake
 # A worker usually starts before its master's store serves: a probe is cheap (DNS, then a
 # TCP connect), so it is retried often; once a second cost each job up to a second.
 CONNECT_RETRY_S = 0.2
+CLOSE_ROUND_TRIP_S = 2.0      # finish.LEAVE_WAIT_S: the longest a master waits for a worker's last write
 
 
 T = TypeVar("T")
@@ -221,10 +222,12 @@ class JobStore:
         A node's last writes reach the master first: TCPStore's set sends without waiting
         for a reply, so through a Tunnel its bytes could still be in this process's relay
         when the process ends (the master would wait for a `left` that never comes, or miss
-        an abort's reason). A round trip after them means the store has read them."""
+        an abort's reason). A round trip after them means the store has read them; it waits
+        no longer than the master waits for a `left` (LEAVE_WAIT_S), so a frozen master
+        does not hold up this node's exit."""
         if self.tunnel is not None and self.connected and self._gone is None:
-            try:
-                self.has("job/done")          # answered after every write before it
+            try:        # answered after every write before it
+                self._call(self.store.check, [self.prefix + "job/done"], timeout_s=CLOSE_ROUND_TRIP_S)
             except StoreGone:
                 pass
         for server in (self.gate, self.tunnel):
@@ -249,15 +252,18 @@ class JobStore:
             except (RuntimeError, ValueError, OSError) as exc:   # DistStoreError, DistNetworkError
                 reply.put((False, _first_line(exc)))
 
-    def _call(self, op, *args):
+    def _call(self, op, *args, timeout_s: float | None = None):
+        """op(*args) on the store's thread; StoreGone without a reply within timeout_s
+        (default: op_timeout_s)."""
         if self._gone:
             raise StoreGone(self._gone)
         reply: queue.Queue = queue.Queue(1)
         self._ops.put((op, args, reply))
         try:
-            ok, value = reply.get(timeout=self.op_timeout_s)
+            ok, value = reply.get(timeout=timeout_s or self.op_timeout_s)
         except queue.Empty:
-            self._gone = f"no reply within PEER_TIMEOUT={self.op_timeout_s:g}s"
+            self._gone = (f"no reply within {timeout_s:g}s" if timeout_s else
+                          f"no reply within PEER_TIMEOUT={self.op_timeout_s:g}s")
             raise StoreGone(self._gone) from None
         if not ok:
             raise StoreGone(value)

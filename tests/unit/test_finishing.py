@@ -143,3 +143,62 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
             assert master.has_left(1)
     finally:
         master.close()
+
+
+MASTER_BEHIND_A_GATE = """
+import sys, time
+from entrypoint.jobstore import JobStore
+from entrypoint.secret import Identity
+store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5,
+                 identity=Identity.derive(sys.argv[2].encode()), say=lambda line: None)
+store.connect(deadline=time.monotonic() + 10)
+print("SERVING", flush=True)
+time.sleep(600)
+"""
+
+WORKER_CLOSING_WHEN_TOLD = """
+import os, sys, time
+from entrypoint.jobstore import JobStore
+from entrypoint.secret import Identity
+store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=20,
+                 identity=Identity.derive(sys.argv[2].encode()))
+store.connect(deadline=time.monotonic() + 10)
+store.leave(1)
+print("CONNECTED", flush=True)
+sys.stdin.readline()
+start = time.monotonic()
+store.close()
+print(f"CLOSED {time.monotonic() - start:.3f}", flush=True)
+os._exit(0)                       # its store's thread may still wait for the frozen master
+"""
+
+
+def test_a_frozen_master_holds_up_a_closing_worker_no_longer_than_the_master_would_wait():
+    """close()'s round trip is bounded by LEAVE_WAIT_S, not PEER_TIMEOUT (20 s here)."""
+    import signal
+    import subprocess
+    import sys
+
+    from entrypoint.jobstore import CLOSE_ROUND_TRIP_S
+
+    assert finish_module.LEAVE_WAIT_S == CLOSE_ROUND_TRIP_S
+    secret = "a-test-secret-of-32-characters!!"
+    port = free_port()
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    master = subprocess.Popen([sys.executable, "-c", MASTER_BEHIND_A_GATE, str(port), secret], **pipes)
+    worker = None
+    try:
+        assert master.stdout.readline().strip() == "SERVING"
+        worker = subprocess.Popen([sys.executable, "-c", WORKER_CLOSING_WHEN_TOLD, str(port), secret], **pipes)
+        assert worker.stdout.readline().strip() == "CONNECTED"
+        master.send_signal(signal.SIGSTOP)
+        worker.stdin.write("close\n")
+        worker.stdin.flush()
+        said, _ = worker.communicate(timeout=60)
+        assert said.startswith("CLOSED ") and float(said.split()[1]) < CLOSE_ROUND_TRIP_S + 1.0, said
+    finally:
+        master.send_signal(signal.SIGCONT)
+        for p in (master, worker):
+            if p is not None:
+                p.kill()
+                p.wait()
