@@ -90,12 +90,12 @@ def _import_torch() -> None:
     way. The import makes ~170k objects that live as long as the process and no garbage
     worth collecting, yet the collector would walk them all, two or three times during the
     import and in every full collection after it (up to 0.1 s of CPU each)."""
-    paused = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         import torch.distributed  # noqa: F401
     finally:
-        if paused:
+        if was_enabled:
             gc.enable()
     gc.freeze()
 

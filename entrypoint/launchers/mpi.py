@@ -1,7 +1,8 @@
 """LAUNCHER=mpi: mpirun (Open MPI) on the master starts the entrypoint once per rank; each
 one sees OMPI_COMM_WORLD_* and runs the script directly (launchers/direct.py), with
 RANK/WORLD_SIZE/MASTER_* for torch's env://. Across nodes, HOSTFILE names the hosts and
-mpirun reaches them through its own launch agent."""
+mpirun reaches them through its own launch agent; the ranks' env:// store is then on a port
+the master picks (ranks_own_store), as MASTER_PORT is the job store's."""
 
 from __future__ import annotations
 
