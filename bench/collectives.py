@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import re
 
-from .procs import PY, WORKLOADS, base_env, entrypoint, median, run
+from testing.processes import PY, entrypoint, run
+
+from .procs import WORKLOADS, base_env, median
 
 ALLREDUCE = str(WORKLOADS / "allreduce.py")
 N = 2

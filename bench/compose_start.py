@@ -10,7 +10,9 @@ import subprocess
 import time
 import uuid
 
-from .procs import ROOT, WORKLOADS, median, stamps
+from testing.processes import ROOT
+
+from .procs import WORKLOADS, median, stamps
 
 SHIPPED = [ROOT / "compose" / "two-node.yml", ROOT / "bench" / "compose" / "ready.yml"]
 FILES = {"entrypoint (compose/two-node.yml)": SHIPPED,

@@ -16,48 +16,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from entrypoint.config import VARIABLES
+from entrypoint.contract.config import VARIABLES
 
-from .procs import PY, ROOT, base_env, free_port, median
+from testing.ports import free_port
+from testing.cluster import Node, loopback_env
+from testing.processes import ROOT
+
+from .procs import base_env, median
 
 FIRST_STEP_RE = r"ELASTIC first step at world size {world} \(resumed from step (\d+)\) t=([\d.]+)"
 ARGS = ["--steps", "100000", "--step-delay", "0.05", "--checkpoint-every", "1000"]
 
 
-class _Node:
-    def __init__(self, env: dict[str, str], log: Path):
-        self.log = log
-        self.proc = subprocess.Popen([PY, "-m", "entrypoint.main", *ARGS], env=env, stdout=open(log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """The node is lost: its entrypoint and everything under it, at once."""
-        import psutil
-
-        try:
-            root = psutil.Process(self.proc.pid)
-            tree = [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for p in tree:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        self.proc.wait()
-
-
-def _wait(node: _Node, pattern: str, timeout: float) -> re.Match | None:
+def _wait(node: Node, pattern: str, timeout: float) -> re.Match | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = re.search(pattern, node.output)
@@ -72,19 +47,19 @@ def _wait(node: _Node, pattern: str, timeout: float) -> re.Match | None:
 LAUNCHERS = {"torchrun": dict(LAUNCHER="native", MAX_RESTARTS=5), "Horovod elastic": dict(LAUNCHER="horovod")}
 
 
-def _job(folder: Path, port: int, k: int, launcher: str) -> dict[str, str]:
-    return base_env(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=port, HOROVOD_PORT=port + 1, NODE_ADDR=f"127.0.0.{k + 1}", NPROC_PER_NODE=1,
-                    MIN_NODES=1, MAX_NODES=3, RDZV_TIMEOUT=120, OMP_NUM_THREADS=1,
-                    ENTRYPOINT=str(ROOT / "examples/train.py"), CHECKPOINT_DIR=str(folder / "checkpoints"),
-                    DATA_DIR=str(folder / "data"), **LAUNCHERS[launcher])
+def _node(folder: Path, port: int, k: int, launcher: str) -> Node:
+    env = base_env(**loopback_env(k, 2, port, HOROVOD_PORT=port + 1, NPROC_PER_NODE=1, MIN_NODES=1, MAX_NODES=3,
+                                  RDZV_TIMEOUT=120, OMP_NUM_THREADS=1, ENTRYPOINT=str(ROOT / "examples/train.py"),
+                                  CHECKPOINT_DIR=str(folder / "checkpoints"), DATA_DIR=str(folder / "data"),
+                                  **LAUNCHERS[launcher]))
+    return Node(env, ARGS, folder / f"node{k}.log")
 
 
 def once(launcher: str, change: str, timeout: float = 240) -> float | None:
     """Seconds from the change to the end of the first step at the new world size."""
     folder = Path(tempfile.mkdtemp(prefix="disttrain-bench-elastic-"))
     port = free_port()
-    nodes = [_Node(_job(folder, port, k, launcher), folder / f"node{k}.log") for k in range(2)]
+    nodes = [_node(folder, port, k, launcher) for k in range(2)]
     try:
         if not _wait(nodes[0], r"step 40 loss", timeout):
             return None
@@ -93,7 +68,7 @@ def once(launcher: str, change: str, timeout: float = 240) -> float | None:
             nodes[1].kill()
         else:
             changed_at, world = time.time(), 3
-            nodes.append(_Node(_job(folder, port, 2, launcher), folder / "node2.log"))
+            nodes.append(_node(folder, port, 2, launcher))
         found = _wait(nodes[0], FIRST_STEP_RE.format(world=world), timeout)
         return float(found.group(2)) - changed_at if found else None
     finally:

@@ -35,8 +35,11 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import collectives  # noqa: E402
-from bench.procs import ROOT, WORKLOADS, base_env, entrypoint, free_port, run  # noqa: E402
-from entrypoint.driver import check_driver, parse_driver  # noqa: E402
+from testing.ports import free_port  # noqa: E402
+from testing.processes import ROOT, entrypoint, run  # noqa: E402
+from testing.results import results as parse_results  # noqa: E402
+from bench.procs import WORKLOADS, base_env  # noqa: E402
+from entrypoint.machine.nvidia_driver import check_driver, parse_driver  # noqa: E402
 
 HOROVOD = "0.28.1"
 PATCHES = ROOT / "images" / "patches" / f"horovod-{HOROVOD}"
@@ -375,10 +378,6 @@ def step_check_build(check: Check) -> tuple[bool, str]:
 
 # --------------------------------------------------------------------------- 3. train
 
-RESULT_RE = re.compile(r"RESULT framework=(\S+) rank=(\d+) world=(\d+) loss_before=([\d.]+) "
-                       r"loss_after=([\d.]+) digest=([0-9a-f]+)((?:(?!RESULT ).)*)")
-
-
 def train(check: Check, label: str, limit: float, **env) -> tuple[bool, str, dict]:
     """One entrypoint run of the bundled example; the device, the loss, the exit code."""
     ckpt = check.work / f"checkpoints-{label}"
@@ -386,8 +385,8 @@ def train(check: Check, label: str, limit: float, **env) -> tuple[bool, str, dic
     run_env = check.env(FRAMEWORK="pytorch", ENTRYPOINT=ROOT / "examples" / "train.py", CHECKPOINT_DIR=ckpt,
                         DATA_DIR=check.work / "data", GRACE_PERIOD=5, RDZV_TIMEOUT=60, **env)
     code, out, seconds = check.command(f"train {label}", entrypoint("--steps", "60"), run_env, limit)
-    results = [dict(framework=m[1], rank=int(m[2]), world=int(m[3]), before=float(m[4]), after=float(m[5]),
-                    digest=m[6], **dict(kv.split("=", 1) for kv in m[7].split())) for m in RESULT_RE.finditer(out)]
+    results = [dict(framework=r.framework, rank=r.rank, world=r.world, before=r.before, after=r.after,
+                    digest=r.digest, **r.fields) for r in parse_results(out)]
     preflight = re.search(r"entrypoint: (preflight: .*)", out)
     figures = {"exit": code, "seconds": round(seconds, 1), "results": results,
                "preflight": preflight.group(1) if preflight else None,
@@ -468,7 +467,7 @@ def step_preflight(check: Check) -> tuple[bool, str]:
 
 
 def driver_facts(check: Check) -> tuple[str, list[str]]:
-    """The entrypoint's driver check (entrypoint/driver.py) on this host: the version it
+    """The entrypoint's driver check (entrypoint/machine/nvidia_driver.py) on this host: the version it
     reads from /proc/driver/nvidia/version must be nvidia-smi's, and the torch that just
     trained on the GPU must pass it (no error) for its own CUDA."""
     try:

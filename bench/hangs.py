@@ -22,45 +22,44 @@ import tempfile
 import time
 from pathlib import Path
 
-from .procs import PY, ROOT, WORKLOADS, base_env, free_port, median
+from testing.ports import free_port
+from testing.cluster import Node, loopback_env
+from testing.processes import PY, ROOT
+
+from .procs import WORKLOADS, base_env, median
 
 STALL = str(WORKLOADS / "stall.py")
 STEPS = str(WORKLOADS / "steps.py")
 
 
-def _detect_once(nodes: int, timeout: int) -> dict | None:
+def _detect_once(count: int, timeout: int) -> dict | None:
     folder = Path(tempfile.mkdtemp(prefix="disttrain-bench-hang-"))
     port = free_port()
-    procs, logs = [], []
+    nodes: list[Node] = []
     try:
-        for k in range(nodes):
-            env = base_env(TRAIN_MODE="distributed", ROLE="master" if k == 0 else "worker", NUM_NODES=nodes,
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_ADDR=f"127.0.0.{k + 1}",
-                           NPROC_PER_NODE=1, OMP_NUM_THREADS=1, RDZV_TIMEOUT=120, HANG_TIMEOUT=timeout,
-                           ENTRYPOINT=STALL, STEPS=100000, CHECKPOINT_DIR=str(folder / "checkpoints"),
-                           DISTTRAIN_STATUS=str(folder / "status.json"))
-            logs.append(folder / f"node{k}.log")
-            procs.append(subprocess.Popen([PY, "-m", "entrypoint.main"], env=env, stdout=open(logs[-1], "w"),
-                                          stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT)))
+        for k in range(count):
+            env = base_env(**loopback_env(k, count, port, NPROC_PER_NODE=1, OMP_NUM_THREADS=1, RDZV_TIMEOUT=120,
+                                          HANG_TIMEOUT=timeout, ENTRYPOINT=STALL, STEPS=100000,
+                                          CHECKPOINT_DIR=str(folder / "checkpoints"),
+                                          DISTTRAIN_STATUS=str(folder / "status.json")))
+            nodes.append(Node(env, [], folder / f"node{k}.log"))
         stalled = diagnosed = None
         deadline = time.monotonic() + 120 + timeout
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            text = "\n".join(log.read_text(errors="replace") for log in logs)
+        while time.monotonic() < deadline and any(n.proc.poll() is None for n in nodes):
+            text = "\n".join(n.output for n in nodes)
             if stalled is None and (m := re.search(r"STALL-SCRIPT stalls t=([\d.]+)", text)):
                 stalled = float(m[1])
-            if diagnosed is None and "entrypoint: stopping: no progress for" in logs[0].read_text(errors="replace"):
+            if diagnosed is None and "entrypoint: stopping: no progress for" in nodes[0].output:
                 diagnosed = time.time()
             time.sleep(0.05)
         ended = time.time()
-        codes = [p.poll() for p in procs]
-        if stalled is None or diagnosed is None or codes != [124] * nodes:
+        codes = [n.proc.poll() for n in nodes]
+        if stalled is None or diagnosed is None or codes != [124] * count:
             return None
         return {"diagnosis": diagnosed - stalled, "end": ended - stalled}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for n in nodes:
+            n.kill()
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .procs import PY, ROOT
+from testing.processes import PY, ROOT
 
 PACKAGES_SIZE = ("import os, sysconfig; root = sysconfig.get_paths()['purelib']; "
                  "print(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) "

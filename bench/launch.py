@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
-from .procs import PY, WORKLOADS, base_env, entrypoint, median, run, stamps
+from testing.processes import PY, entrypoint, run
+
+from .procs import WORKLOADS, base_env, median, stamps
 
 FIRST = str(WORKLOADS / "first_line.py")
 

@@ -16,7 +16,11 @@ from __future__ import annotations
 import os
 
 from .compare import spread
-from .procs import PY, WORKLOADS, base_env, children_cpu_seconds, entrypoint, free_port, median, run_many, stamps
+from testing.cluster import loopback_env
+from testing.ports import free_port
+from testing.processes import PY, children_cpu_seconds, entrypoint, run_many
+
+from .procs import WORKLOADS, base_env, median, stamps
 
 READY = str(WORKLOADS / "ready.py")
 RAW = "raw torchrun (c10d, one agent per node)"
@@ -33,10 +37,8 @@ def job(n: int, path_env: dict) -> list[tuple[list[str], dict]]:
     port, hvd_port = free_port(), free_port()
     cmds = []
     for k in range(n):
-        env = base_env(TRAIN_MODE="distributed", NUM_NODES=n, ROLE="master" if k == 0 else "worker",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, HOROVOD_PORT=hvd_port,
-                       NODE_ADDR=f"127.0.0.{k + 1}", NPROC_PER_NODE=1, ENTRYPOINT=READY, RDZV_TIMEOUT=240,
-                       OMP_NUM_THREADS=1, **path_env)
+        env = base_env(**loopback_env(k, n, port, HOROVOD_PORT=hvd_port, NPROC_PER_NODE=1, ENTRYPOINT=READY,
+                                      RDZV_TIMEOUT=240, OMP_NUM_THREADS=1, **path_env))
         cmds.append((entrypoint(), env))
     return cmds
 
@@ -128,8 +130,8 @@ def store_latency(ops: int) -> list[dict]:
 
     from torch.distributed import TCPStore
 
-    from entrypoint.secret import Identity
-    from entrypoint.tunnel import Gate, Tunnel
+    from entrypoint.security.secret import Identity
+    from entrypoint.security.tunnel import Gate, Tunnel
 
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -170,8 +172,8 @@ def rendezvous_requests(requests: int) -> list[dict]:
     import subprocess
     import time
 
-    from entrypoint.secret import Identity
-    from entrypoint.tunnel import RequestTunnel, Tunnel
+    from entrypoint.security.secret import Identity
+    from entrypoint.security.tunnel import RequestTunnel, Tunnel
 
     gate_port = free_port()
     master = subprocess.Popen([PY, str(WORKLOADS / "gated_rendezvous.py"), str(gate_port), SECRET],

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from .procs import ROOT, base_env, entrypoint, median, run
+from testing.processes import ROOT, entrypoint, run
+
+from .procs import base_env, median
 
 
 def measure(steps: int, repeats: int, widths=(32, 1024)) -> list[dict]:

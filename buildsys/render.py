@@ -88,7 +88,7 @@ def horovod_build(v: Variant) -> dict | None:
 def manifest(v: Variant, cuda_variants: dict[str, str] | None = None) -> dict:
     """The image manifest at /etc/disttrain/manifest.json, read by the entrypoint.
     `cuda_variants` (the matrix's, name -> CUDA) lets a CUDA image's driver check name the
-    variant that would run on an older driver (entrypoint/driver.py)."""
+    variant that would run on an older driver (entrypoint/machine/nvidia_driver.py)."""
     return {
         "schema": 1,
         "variant": v.name,
@@ -133,7 +133,7 @@ def labels(v: Variant) -> list[tuple[str, str]]:
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
     runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
-               "cryptography>=42",            # JOB_SECRET: the control plane's TLS identity (entrypoint/secret.py)
+               "cryptography>=42",            # JOB_SECRET: the control plane's TLS identity (entrypoint/security/secret.py)
                compat.numpy_requirement(v)]  # torch >= 2.6 no longer depends on it; training code does
     nodeps = ["# Installed with --no-deps: their declared dependencies are wrong for this image."]
     if v.pytorch:
@@ -255,7 +255,7 @@ def runtime_env(v: Variant) -> list[tuple[str, str]]:
         # NVIDIA's container conventions (as in NVIDIA's CUDA images): the runtime mounts
         # every GPU and the compute libraries, and refuses a driver of an older CUDA major.
         # Not cuda>={v.cuda.version}: PyPI's CUDA libraries run on the major's first driver
-        # (minor version compatibility; entrypoint/driver.py checks and warns at start).
+        # (minor version compatibility; entrypoint/machine/nvidia_driver.py checks and warns at start).
         major = v.cuda.version.split(".")[0]
         env += [("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
                 ("NVIDIA_REQUIRE_CUDA", f"cuda>={major}.0")]
@@ -280,7 +280,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-# The native frames of a stalled rank's stack (entrypoint/vigil.py), where the container
+# The native frames of a stalled rank's stack (entrypoint/health/vigil.py), where the container
 # lets it attach; one static binary, the same in every variant.
 PY_SPY = "py-spy==0.4.3"
 

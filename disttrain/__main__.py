@@ -1,5 +1,5 @@
 """`disttrain status`: the job as this container's entrypoint sees it (the master sees the
-whole job; a worker its own ranks), from the file it writes once a second (entrypoint/status.py).
+whole job; a worker its own ranks), from the file it writes once a second (disttrain/status.py's format).
 
     docker exec CONTAINER disttrain status [--json]
 """
@@ -12,8 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from entrypoint import status
-
+    from . import status
     parser = argparse.ArgumentParser(prog="disttrain", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("status", help="the job's ranks: steps, step time, idle time, who is behind")

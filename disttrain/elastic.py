@@ -48,7 +48,7 @@ import torch.distributed as dist
 from . import checkpoint
 from .env import context
 
-ROUNDS_KEY, ROUND_KEY = "rounds", "round/{n}"           # the job store's keys (entrypoint/jobstore.py)
+ROUNDS_KEY, ROUND_KEY = "rounds", "round/{n}"           # the job store's keys (entrypoint/store/tcp.py)
 
 
 class ResumableSampler(torch.utils.data.Sampler):

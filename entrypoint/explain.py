@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import shlex
 
-from .placement import NodeInfo, Placement
+from .job.placement import NodeInfo, Placement
 from .plan import NodePlan
-from .processes import ProcessSpec
+from .running.specs import ProcessSpec
 
 
 def assumed_placement(plan: NodePlan) -> Placement:

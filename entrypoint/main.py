@@ -21,18 +21,20 @@ import shlex
 import sys
 import time
 
-from . import hardware, manifest, writable
-from .arguments import Invocation, parse_arguments
-from .config import VARIABLES, ConfigError
+from .contract import manifest
+from .contract.arguments import Invocation, parse_arguments
+from .contract.config import VARIABLES, ConfigError
 from .explain import assumed_placement, explain
-from .finish import finish_together
-from .join import Job, JoinedJob, LocalJob, NotJoined
-from .log import Log
-from .outcome import Outcome
+from .health.progress import ProgressFolder
+from .job.finish import finish_together
+from .job.join import Job, JoinedJob, LocalJob, NotJoined
+from .machine import hardware
+from .machine import writable_dirs
 from .plan import NodePlan, command_env, plan_from_env, plan_processes
-from .progress import ProgressFolder
-from .secret import Identity, read_secret
-from .signals import Signals
+from .running.log import Log
+from .running.outcome import Outcome
+from .running.signals import Signals
+from .security.secret import Identity, read_secret
 
 EXIT_BAD_INPUT = 2
 DEFAULT_SCRIPT = next(v.default for v in VARIABLES if v.name == "ENTRYPOINT")
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (dry_run or plan.config.explain):
             check_script(plan)
         identity = job_identity(plan)
-        redirected = [] if dry_run or plan.config.explain else writable.prepare(env, plan.config.checkpoint_dir)
+        redirected = [] if dry_run or plan.config.explain else writable_dirs.prepare(env, plan.config.checkpoint_dir)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT

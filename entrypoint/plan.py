@@ -16,16 +16,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from . import accelerators
-from .accelerators import Accelerator
-from .config import Config, ConfigError, load_config
-from .driver import check_driver
-from .ecosystem import DirectRank, translate
-from .hardware import Hardware
+from .contract.config import Config, ConfigError, load_config
+from .contract.manifest import Image
+from .contract.schedulers import DirectRank, translate
+from .job.placement import Placement, job_prefix
 from .launchers import Launcher, Rendezvous, choose
-from .manifest import Image
-from .placement import Placement, job_prefix
-from .processes import ProcessSpec, iface_env
+from .machine import accelerators
+from .machine.accelerators import Accelerator
+from .machine.hardware import Hardware
+from .machine.nvidia_driver import check_driver
+from .running.specs import ProcessSpec, iface_env
 
 
 @dataclass(frozen=True)

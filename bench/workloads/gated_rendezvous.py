@@ -6,9 +6,9 @@ import time
 
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
-from entrypoint.launchers.horovod_server import HorovodRendezvous
-from entrypoint.secret import Identity
-from entrypoint.tunnel import Gated
+from entrypoint.launchers.horovod.rendezvous_server import HorovodRendezvous
+from entrypoint.security.secret import Identity
+from entrypoint.security.tunnel import Gated
 
 port, secret = int(sys.argv[1]), sys.argv[2].encode()
 slots = get_host_assignments([HostInfo("node0", 1)], 1)

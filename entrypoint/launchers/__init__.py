@@ -18,10 +18,10 @@ Modules that import a framework (Horovod's elastic driver) are imported only whe
 
 from __future__ import annotations
 
-from ..accelerators import Accelerator
-from ..config import Config
-from ..ecosystem import DirectRank
-from ..manifest import Image, horovod_has_mpi
+from ..contract.config import Config
+from ..contract.manifest import Image, horovod_has_mpi
+from ..contract.schedulers import DirectRank
+from ..machine.accelerators import Accelerator
 from .base import Launcher, Rendezvous, Server
 
 __all__ = ["Launcher", "Rendezvous", "Server", "choose"]
@@ -53,18 +53,18 @@ def choose(config: Config, mode: str, nproc: int, accel: Accelerator, image: Ima
         return Mpirun(**args)
     if config.launcher == "horovod":
         if _horovod_on_mpi(config, mode, accel, image):
-            from .horovod import HorovodMpi
+            from .horovod.fixed import HorovodMpi
             return HorovodMpi(**args)
         if mode == "distributed" and config.elastic:
-            from .horovod_elastic import HorovodElastic
+            from .horovod.elastic import HorovodElastic
             return HorovodElastic(**args)
-        from .horovod import HorovodGloo
+        from .horovod.fixed import HorovodGloo
         return HorovodGloo(**args)
     if config.family == "pytorch":
         if mode == "distributed" and not accel.xla:
-            from .torchrun_agent import TorchrunAgent
+            from .torchrun.agent import TorchrunAgent
             return TorchrunAgent(**args)
-        from .torchrun import Torchrun
+        from .torchrun.launch import Torchrun
         return Torchrun(**args)
     if config.family == "mxnet":
         from .mxnet import MxnetPs

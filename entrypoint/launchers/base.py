@@ -25,18 +25,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..accelerators import Accelerator
-from ..config import Config
-from ..ecosystem import DirectRank
-from ..hardware import Hardware
-from ..jobstore import JobStore
-from ..log import Log
-from ..placement import NodeInfo, Placement
-from ..processes import ProcessSpec, script_argv
-from ..reaper import new_token
-from ..signals import Signals
-from ..supervision import Runner
-from ..supervisor import Supervisor
+from ..contract.config import Config
+from ..contract.schedulers import DirectRank
+from ..job.placement import NodeInfo, Placement
+from ..machine.accelerators import Accelerator
+from ..machine.hardware import Hardware
+from ..running.log import Log
+from ..running.loop import Runner
+from ..running.reaper import new_token
+from ..running.signals import Signals
+from ..running.specs import ProcessSpec, script_argv
+from ..running.supervisor import Supervisor
+from ..store.tcp import JobStore
 
 
 @dataclass(frozen=True)

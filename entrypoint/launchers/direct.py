@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..config import ConfigError
-from ..processes import ProcessSpec, rank_env
+from ..contract.config import ConfigError
+from ..running.specs import ProcessSpec, rank_env
 from .base import Launcher
 
 

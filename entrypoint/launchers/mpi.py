@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..processes import ProcessSpec, iface_env
+from ..running.specs import ProcessSpec, iface_env
 from .base import Launcher
 
 

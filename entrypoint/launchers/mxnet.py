@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..processes import ProcessSpec, iface_env, rank_env, tagged
+from ..running.specs import ProcessSpec, iface_env, rank_env, tagged
 from .base import Launcher
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..processes import ProcessSpec, iface_env, rank_env, tagged
+from ..running.specs import ProcessSpec, iface_env, rank_env, tagged
 from .base import Launcher
 
 

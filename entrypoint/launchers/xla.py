@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import accelerators
-from ..processes import ProcessSpec, iface_env, job_store_env
+from ..machine import accelerators
+from ..running.specs import ProcessSpec, iface_env, job_store_env
 from .base import Launcher
 
 

@@ -21,9 +21,9 @@ import pytest
 
 from buildsys.compat import parse_version
 from buildsys.matrix import load_matrix
-from entrypoint.config import MXNET_VARIANT
+from entrypoint.contract.config import MXNET_VARIANT
 from tests.conftest import ROOT
-from tests.e2e.cluster import Jobs
+from testing.cluster import Jobs
 from tests.e2e.docker_env import ComposeProject, docker, ensure_image
 
 MXNET_IMAGE = os.environ.get("MXNET_TEST_IMAGE", f"distributed-training-framework:{MXNET_VARIANT}")

@@ -18,7 +18,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import changes, initial_loss, results
+from testing.results import changes, initial_loss, results
 from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from tests.e2e.cluster import Node, changes, initial_loss, results, wait_for, wait_for_any
+from testing.cluster import Node, wait_for, wait_for_any
+
+from testing.results import changes, initial_loss, results
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ import pytest
 
 from buildsys import smoke
 from buildsys.matrix import load_matrix
-from entrypoint.config import MXNET_VARIANT
+from entrypoint.contract.config import MXNET_VARIANT
 from tests.conftest import ROOT
-from tests.e2e.cluster import results
+from testing.results import results
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results, wait_for
+from testing.cluster import wait_for
+from testing.results import check_trained
 
 pytestmark = pytest.mark.e2e
 
@@ -27,17 +28,6 @@ if not Path(PYTHON).exists():
 
 SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
 LABELLED_RESULT = re.compile(r"^\[rank (\d+)\] RESULT framework=\S+ rank=(\d+)", re.M)
-
-
-def check_trained(output: str, world: int, agree: bool = True):
-    found = results(output)
-    assert sorted(r.rank for r in found) == list(range(world)), output[-4000:]
-    if agree:
-        assert len({r.digest for r in found}) == 1, f"replicas disagree: {[(r.rank, r.digest) for r in found]}"
-    for r in found:
-        assert r.world == world
-        assert r.after < 0.5 * r.before, f"loss did not go down: {r}"
-    return found
 
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])

@@ -17,10 +17,11 @@ import time
 import psutil
 import pytest
 
-from entrypoint.outcome import Outcome
-from entrypoint.placement import job_prefix
+from entrypoint.running.outcome import Outcome
+from entrypoint.job.placement import job_prefix
 from tests.conftest import ROOT
-from tests.e2e.cluster import Node, changes, results, wait_for, wait_for_any
+from testing.cluster import Node, wait_for, wait_for_any
+from testing.results import changes, results
 from tests.e2e.test_training_host import check_trained
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.cluster import base_env, results
+from testing.cluster import base_env
+
+from testing.results import results
 from tests.e2e.docker_env import docker
 from tests.e2e.slurm import SCRIPTS
 
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.e2e
 def job_env(tmp: Path, **env) -> dict[str, str]:
     """A submitter's environment: this checkout's entrypoint on this interpreter (python3 on
     PATH is it), the test's folders, a free MASTER_PORT."""
-    from bench.procs import free_port
+    from testing.ports import free_port
 
     env = base_env(tmp, MASTER_PORT=free_port(), FRAMEWORK="pytorch", **env)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"

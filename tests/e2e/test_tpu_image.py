@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results
+from testing.results import results
 from tests.e2e.docker_env import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]

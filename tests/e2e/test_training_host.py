@@ -12,22 +12,13 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import Node, results, wait_for
+from testing.cluster import Node, wait_for
+from testing.results import check_trained, results
 
 pytestmark = pytest.mark.e2e
 
 PATHS = [("pytorch", "native"), ("pytorch", "horovod"), ("tensorflow", "native"), ("keras", "horovod")]
 SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
-
-
-def check_trained(output: str, world: int):
-    found = results(output)
-    assert sorted(r.rank for r in found) == list(range(world)), output[-4000:]
-    assert len({r.digest for r in found}) == 1, f"replicas disagree: {[(r.rank, r.digest) for r in found]}"
-    for r in found:
-        assert r.world == world
-        assert r.after < 0.5 * r.before, f"loss did not go down: {r}"
-    return found
 
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.cluster import results
+from testing.results import results
 from tests.e2e.docker_env import docker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]

@@ -6,10 +6,10 @@ import io
 
 import pytest
 
-from entrypoint.launchers.torchrun_agent import InProcessTorchrun, _Lines, launch_config
-from entrypoint.log import Log
-from entrypoint.outcome import NodeState
-from entrypoint.launchers.torchrun import TorchrunLaunch, rendezvous_conf
+from entrypoint.launchers.torchrun.agent import InProcessTorchrun, _Lines, launch_config
+from entrypoint.running.log import Log
+from entrypoint.running.outcome import NodeState
+from entrypoint.launchers.torchrun.launch import TorchrunLaunch, rendezvous_conf
 
 pytest.importorskip("torch")
 

@@ -3,7 +3,7 @@ rule is pure (arguments.py); PATH and the file system are given as functions her
 
 import pytest
 
-from entrypoint.arguments import parse_arguments
+from entrypoint.contract.arguments import parse_arguments
 
 ON_PATH = {"bash": "/usr/bin/bash", "python": "/opt/venv/bin/python", "horovodrun": "/opt/venv/bin/horovodrun",
            "mpirun": "/usr/bin/mpirun", "test": "/usr/bin/test", "yes": "/usr/bin/yes"}

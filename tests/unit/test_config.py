@@ -2,8 +2,8 @@
 
 import pytest
 
-from entrypoint.config import VARIABLE_NAMES, ConfigError, load_config
-from entrypoint.manifest import Image
+from entrypoint.contract.config import VARIABLE_NAMES, ConfigError, load_config
+from entrypoint.contract.manifest import Image
 
 FRAMEWORKS = ["pytorch", "tensorflow", "keras"]
 LAUNCHERS = ["native", "horovod", "mpi"]
@@ -104,7 +104,7 @@ def test_the_reference_shows_the_declared_defaults():
     """A default is written once, in VARIABLES; the reference's table must show that one."""
     import re
 
-    from entrypoint.config import VARIABLES
+    from entrypoint.contract.config import VARIABLES
 
     shown = {}
     for line in reference_page().splitlines():
@@ -119,17 +119,15 @@ def test_the_reference_shows_the_declared_defaults():
 
 def test_the_configuration_reference_is_not_stale():
     """docs/configuration.md's table is generated from VARIABLES; this fails when someone
-    changed a declaration and not the page (fix: python -m entrypoint.reference)."""
-    from entrypoint import reference
-
+    changed a declaration and not the page (fix: python -m entrypoint.contract.reference)."""
+    from entrypoint.contract import reference
     page = reference_page()
-    assert reference.render(page) == page, "docs/configuration.md is stale: run python -m entrypoint.reference"
+    assert reference.render(page) == page, "docs/configuration.md is stale: run python -m entrypoint.contract.reference"
     assert reference.main(["--check"]) == 0
 
 
 def test_a_stale_reference_is_caught():
-    from entrypoint import reference
-
+    from entrypoint.contract import reference
     page = reference_page()
     stale = page.replace("`29500`", "`29400`", 1)
     assert stale != page and reference.render(stale) == page
@@ -148,7 +146,7 @@ def test_mxnet_is_refused_naming_the_variant_that_has_it():
 
 def test_the_variant_named_for_mxnet_carries_it():
     from buildsys.matrix import load_matrix
-    from entrypoint.config import MXNET_VARIANT
+    from entrypoint.contract.config import MXNET_VARIANT
     from tests.conftest import ROOT
 
     assert "mxnet" in load_matrix(ROOT / "matrix.yaml").variants[MXNET_VARIANT].frameworks()

@@ -5,7 +5,6 @@ JSON Schema for the PyTorchJob CRD. None of these can run a cluster here."""
 import json
 import os
 import shutil
-import re
 import subprocess
 import sys
 
@@ -14,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from entrypoint.hardware import Hardware
-from entrypoint.manifest import Image
+from entrypoint.machine.hardware import Hardware
+from entrypoint.contract.manifest import Image
 from entrypoint.plan import plan_from_env
 from tests.conftest import ROOT
 

@@ -216,7 +216,7 @@ def test_finish_tears_down_the_group_flushes_and_exits_without_the_interpreters_
     import subprocess
     import sys
 
-    from bench.procs import free_port
+    from testing.ports import free_port
 
     code = ("import atexit, os\n"
             "import torch.distributed as dist\n"

@@ -1,14 +1,14 @@
 """The NVIDIA driver check: recorded /proc/driver/nvidia/version texts, the image's CUDA,
-and the one line that stops a job whose driver is too old (entrypoint/driver.py)."""
+and the one line that stops a job whose driver is too old (entrypoint/machine/nvidia_driver.py)."""
 
 import json
 
 import pytest
 
-from entrypoint.config import ConfigError
-from entrypoint.driver import check_driver, newest_variant, parse_driver
-from entrypoint.hardware import Hardware, detect
-from entrypoint.manifest import Image, load
+from entrypoint.contract.config import ConfigError
+from entrypoint.machine.nvidia_driver import check_driver, newest_variant, parse_driver
+from entrypoint.machine.hardware import Hardware, detect
+from entrypoint.contract.manifest import Image, load
 from entrypoint.plan import plan_from_env
 
 # Recorded from real hosts: the proprietary module, the open module (x86_64 and aarch64).

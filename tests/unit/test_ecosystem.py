@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from entrypoint.config import ConfigError, load_config
-from entrypoint.ecosystem import first_host, translate
-from entrypoint.manifest import Image
+from entrypoint.contract.config import ConfigError, load_config
+from entrypoint.contract.schedulers import first_host, translate
+from entrypoint.contract.manifest import Image
 
 FW, LA = ["pytorch", "tensorflow", "keras"], ["native", "horovod", "mpi"]
 

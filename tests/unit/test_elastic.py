@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from disttrain import checkpoint, elastic
-from entrypoint.config import load_config
-from entrypoint.jobstore import JobStore
-from entrypoint.log import Log
-from entrypoint.manifest import Image
-from entrypoint.signals import Signals
-from entrypoint.watch import JobWatch
-from tests.e2e.cluster import free_port
+from entrypoint.contract.config import load_config
+from entrypoint.store.tcp import JobStore
+from entrypoint.running.log import Log
+from entrypoint.contract.manifest import Image
+from entrypoint.running.signals import Signals
+from entrypoint.job.watch import JobWatch
+from testing.ports import free_port
 
 
 def consumed(size, epoch, offset, world, batch, steps):
@@ -122,9 +122,9 @@ def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
 
 
 def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
-    from entrypoint.launchers.horovod_driver import StoreDiscovery
-    from entrypoint.outcome import Outcome
-    from entrypoint.placement import NodeInfo
+    from entrypoint.launchers.horovod.elastic_driver import StoreDiscovery
+    from entrypoint.running.outcome import Outcome
+    from entrypoint.job.placement import NodeInfo
 
     port = free_port()
     config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
@@ -151,9 +151,9 @@ def test_an_order_counted_but_not_yet_written_holds_up_nobody_on_the_master(tmp_
     and the node's own poll share one job store thread: a poll that waited for the order
     between the two would keep the driver from ever writing it (CI: 'no reply within
     PEER_TIMEOUT' on the master, the elastic job failed before its first step)."""
-    from entrypoint.hardware import Hardware
-    from entrypoint.launchers.horovod_driver import HorovodElasticNode, _order_key
-    from entrypoint.placement import Placement
+    from entrypoint.machine.hardware import Hardware
+    from entrypoint.launchers.horovod.elastic_driver import HorovodElasticNode, _order_key
+    from entrypoint.job.placement import Placement
     from entrypoint.plan import plan_from_env
 
     port = free_port()
@@ -181,7 +181,7 @@ def test_horovods_rendezvous_stops_once_when_two_threads_stop_it():
     worker's state while the job stops it from its own (CI: AttributeError on the second)."""
     import threading
 
-    from entrypoint.launchers.horovod_server import HorovodRendezvous
+    from entrypoint.launchers.horovod.rendezvous_server import HorovodRendezvous
 
     server = HorovodRendezvous(0, "127.0.0.1")
     server.start()

@@ -6,16 +6,16 @@ import io
 import threading
 import time
 
-from entrypoint import finish as finish_module
-from entrypoint.config import load_config
-from entrypoint.finish import finish_together
-from entrypoint.jobstore import JobStore
-from entrypoint.log import Log
-from entrypoint.manifest import Image
-from entrypoint.outcome import NodeState, Outcome
-from entrypoint.signals import Signals
-from entrypoint.watch import JobWatch
-from tests.e2e.cluster import free_port
+from entrypoint.job import finish as finish_module
+from entrypoint.contract.config import load_config
+from entrypoint.job.finish import finish_together
+from entrypoint.store.tcp import JobStore
+from entrypoint.running.log import Log
+from entrypoint.contract.manifest import Image
+from entrypoint.running.outcome import NodeState, Outcome
+from entrypoint.running.signals import Signals
+from entrypoint.job.watch import JobWatch
+from testing.ports import free_port
 
 
 def node(port: int, rank: int, **env) -> tuple[JobStore, JobWatch]:
@@ -107,8 +107,8 @@ def test_a_master_that_ends_the_job_waits_at_most_grace_period_plus_leave_wait_s
 
 WORKER_BEHIND_A_TUNNEL = """
 import os, sys, time
-from entrypoint.jobstore import JobStore
-from entrypoint.secret import Identity
+from entrypoint.store.tcp import JobStore
+from entrypoint.security.secret import Identity
 store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=5,
                  identity=Identity.derive(sys.argv[2].encode()))
 store.connect(deadline=time.monotonic() + 10)
@@ -126,7 +126,7 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
     import subprocess
     import sys
 
-    from entrypoint.secret import Identity
+    from entrypoint.security.secret import Identity
 
     secret = "a-test-secret-of-32-characters!!"
     port = free_port()
@@ -147,8 +147,8 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
 
 MASTER_BEHIND_A_GATE = """
 import sys, time
-from entrypoint.jobstore import JobStore
-from entrypoint.secret import Identity
+from entrypoint.store.tcp import JobStore
+from entrypoint.security.secret import Identity
 store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5,
                  identity=Identity.derive(sys.argv[2].encode()), say=lambda line: None)
 store.connect(deadline=time.monotonic() + 10)
@@ -158,8 +158,8 @@ time.sleep(600)
 
 WORKER_CLOSING_WHEN_TOLD = """
 import os, sys, time
-from entrypoint.jobstore import JobStore
-from entrypoint.secret import Identity
+from entrypoint.store.tcp import JobStore
+from entrypoint.security.secret import Identity
 store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=20,
                  identity=Identity.derive(sys.argv[2].encode()))
 store.connect(deadline=time.monotonic() + 10)
@@ -179,7 +179,7 @@ def test_a_frozen_master_holds_up_a_closing_worker_no_longer_than_the_master_wou
     import subprocess
     import sys
 
-    from entrypoint.jobstore import CLOSE_ROUND_TRIP_S
+    from entrypoint.store.tcp import CLOSE_ROUND_TRIP_S
 
     assert finish_module.LEAVE_WAIT_S == CLOSE_ROUND_TRIP_S
     secret = "a-test-secret-of-32-characters!!"

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from entrypoint.config import FRAMEWORKS, LAUNCHERS, ConfigError, load_config
-from entrypoint.hangs import Stragglers, diagnose, past_timeout
-from entrypoint.manifest import Image
-from entrypoint.progress import ProgressFolder, RankProgress
-from entrypoint.stacks import Frame, Where, main_thread, where
-from entrypoint.vigil import library_roots
+from entrypoint.contract.config import FRAMEWORKS, LAUNCHERS, ConfigError, load_config
+from entrypoint.health.hangs import Stragglers, diagnose, past_timeout
+from entrypoint.contract.manifest import Image
+from entrypoint.health.progress import ProgressFolder, RankProgress
+from entrypoint.health.stacks import Frame, Where, main_thread, where
+from entrypoint.health.vigil import library_roots
 
 IMAGE = Image(FRAMEWORKS, LAUNCHERS)
 ROOTS = ("/usr/lib/python3.11/", "/venv/lib/python3.11/site-packages/", "/opt/disttrain/")

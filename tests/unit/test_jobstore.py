@@ -4,11 +4,11 @@ import json
 import subprocess
 import sys
 
-from tests.e2e.cluster import free_port
+from testing.ports import free_port
 
 CONNECT_AND_COUNT = """
 import gc, json, sys, time
-from entrypoint.jobstore import JobStore
+from entrypoint.store.tcp import JobStore
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
 store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5)

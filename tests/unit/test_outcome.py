@@ -2,7 +2,7 @@
 
 import signal
 
-from entrypoint.outcome import NodeState, Outcome
+from entrypoint.running.outcome import NodeState, Outcome
 
 
 def test_exit_codes_come_from_the_state():

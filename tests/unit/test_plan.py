@@ -4,33 +4,16 @@ import json
 
 import pytest
 
-from entrypoint.config import ConfigError
+from entrypoint.contract.config import ConfigError
 from entrypoint.explain import assumed_placement, explain
-from entrypoint.hardware import Hardware, choose_interface
-from entrypoint.launchers.horovod import HorovodGloo, HorovodMpi
-from entrypoint.launchers.horovod_elastic import HorovodElastic
-from entrypoint.launchers.torchrun_agent import TorchrunAgent
-from entrypoint.manifest import Image
-from entrypoint.placement import NodeInfo, Placement
-from entrypoint.plan import plan_from_env, plan_processes
-
-FW, LA = ["pytorch", "tensorflow", "keras", "mxnet"], ["native", "horovod", "mpi"]
-CPU2 = Hardware(gpus=0, cpus=2, shm_bytes=64 << 20)
-
-
-def plan(hw=CPU2, image=Image(FW, LA), **env):
-    return plan_from_env({k: str(v) for k, v in env.items()}, image, hw, ("--steps", "3"), python="py")
-
-
-def nodes(*nprocs, ports=0):
-    return [NodeInfo(i, f"10.0.0.{i + 1}", n, tuple(range(40000 + 10 * i, 40000 + 10 * i + (ports or n))))
-            for i, n in enumerate(nprocs)]
-
-
-def at(node_rank, node_list, iface=None, **kw):
-    """The placement a node has after joining."""
-    return Placement(node_rank, tuple(node_list), iface=iface, **kw)
-
+from entrypoint.machine.hardware import Hardware, choose_interface
+from entrypoint.launchers.horovod.fixed import HorovodGloo, HorovodMpi
+from entrypoint.launchers.horovod.elastic import HorovodElastic
+from entrypoint.launchers.torchrun.agent import TorchrunAgent
+from entrypoint.contract.manifest import Image
+from entrypoint.job.placement import NodeInfo
+from entrypoint.plan import plan_processes
+from testing.plans import FW, LA, at, nodes, plan
 
 def test_nproc_defaults_to_gpus_else_one():
     assert plan().nproc == 1
@@ -138,7 +121,7 @@ def test_horovod_worker_takes_the_masters_slots_and_imports_no_horovod_runner():
     assert given == plan_processes(worker, at(1, nodes(2, 2), **where))
     script = f"""
 import json, sys
-from tests.unit.test_plan import plan, at, nodes
+from testing.plans import plan, at, nodes
 from entrypoint.plan import plan_processes
 worker = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
 specs = plan_processes(worker, at(1, nodes(2, 2), launch_env=tuple(json.loads({json.dumps(json.dumps(announced))}))))
@@ -421,7 +404,7 @@ def test_one_function_chooses_one_launcher_class(env, image, kind):
 
 
 def test_the_address_a_node_publishes():
-    from entrypoint.hardware import choose_address
+    from entrypoint.machine.hardware import choose_address
 
     names = {"m": "10.0.0.1", "me.local": "10.0.0.7"}
     pick = dict(master_addr="m", source_ip="10.0.0.2", resolve=names.get)
@@ -433,7 +416,7 @@ def test_the_address_a_node_publishes():
 
 
 def test_the_manifest_says_whether_horovod_has_mpi(tmp_path):
-    from entrypoint.manifest import load
+    from entrypoint.contract.manifest import load
 
     def image(controllers):
         path = tmp_path / "manifest.json"
@@ -451,7 +434,7 @@ def test_outside_an_image_horovod_itself_says_whether_it_has_mpi():
     import subprocess
     import sys
 
-    from entrypoint.manifest import detect, horovod_has_mpi, needed_libraries
+    from entrypoint.contract.manifest import detect, horovod_has_mpi, needed_libraries
 
     pytest.importorskip("horovod")
     image, loaded = detect(), set(sys.modules)

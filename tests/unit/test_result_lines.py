@@ -1,5 +1,5 @@
 """The RESULT lines the e2e tests read, as they arrive when ranks share one pipe."""
-from tests.e2e.cluster import results
+from testing.results import results
 
 LINE = "RESULT framework=pytorch rank={r} world=2 loss_before=2.330223 loss_after=0.133513 digest=d6d7e77fb764b807"
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from entrypoint.config import ConfigError
+from entrypoint.contract.config import ConfigError
 from entrypoint.explain import control_plane
-from entrypoint.secret import MIN_SECRET_CHARS, Identity, SecretError, read_secret
-from entrypoint.tunnel import Answer, Gate, Refusals, RequestTunnel, Tunnel, handshake, refusal_reason
-from tests.unit.test_plan import plan
+from entrypoint.security.secret import MIN_SECRET_CHARS, Identity, SecretError, read_secret
+from entrypoint.security.tunnel import Answer, Gate, Refusals, RequestTunnel, Tunnel, handshake, refusal_reason
+from testing.plans import plan
 
 SECRET = b"a-test-secret-of-32-characters!!"
 
@@ -191,8 +191,8 @@ class CountingProxy:
 def horovod_behind_a_gate():
     """Horovod's own rendezvous server (its KV store) on loopback behind a Gate, as a master
     runs it with JOB_SECRET, and a counting proxy in front of the Gate."""
-    from entrypoint.launchers.horovod_server import HorovodRendezvous
-    from entrypoint.tunnel import Gated
+    from entrypoint.launchers.horovod.rendezvous_server import HorovodRendezvous
+    from entrypoint.security.tunnel import Gated
 
     server = HorovodRendezvous(0, "127.0.0.1")
     server.start()

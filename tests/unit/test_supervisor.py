@@ -8,11 +8,11 @@ import sys
 import threading
 import time
 
-from entrypoint.log import Log
-from entrypoint.outcome import NodeState, Outcome
-from entrypoint.processes import ProcessSpec
-from entrypoint.signals import Signals
-from entrypoint.supervisor import Supervisor
+from entrypoint.running.log import Log
+from entrypoint.running.outcome import NodeState, Outcome
+from entrypoint.running.specs import ProcessSpec
+from entrypoint.running.signals import Signals
+from entrypoint.running.supervisor import Supervisor
 
 PY = sys.executable
 
@@ -99,12 +99,12 @@ def test_sigterm_is_forwarded_and_the_exit_code_is_143():
     script = f"""
 import os, sys
 sys.path.insert(0, {str(os.getcwd())!r})
-from entrypoint.log import Log
-from entrypoint.outcome import NodeState, Outcome
-from entrypoint.log import Log
-from entrypoint.processes import ProcessSpec
-from entrypoint.signals import Signals
-from entrypoint.supervisor import Supervisor
+from entrypoint.running.log import Log
+from entrypoint.running.outcome import NodeState, Outcome
+from entrypoint.running.log import Log
+from entrypoint.running.specs import ProcessSpec
+from entrypoint.running.signals import Signals
+from entrypoint.running.supervisor import Supervisor
 spec = ProcessSpec("rank 0", ({PY!r}, "-u", "-c", "import time; print('ready', flush=True); time.sleep(60)"), {{}})
 sup = Supervisor([spec], dict(os.environ), 5.0, Log(), signals=Signals().install())
 sys.exit(sup.run().code)
@@ -178,9 +178,9 @@ def test_a_killed_entrypoint_takes_its_processes_with_it():
     script = f"""
 import os, sys
 sys.path.insert(0, {str(os.getcwd())!r})
-from entrypoint.log import Log
-from entrypoint.processes import ProcessSpec
-from entrypoint.supervisor import Supervisor
+from entrypoint.running.log import Log
+from entrypoint.running.specs import ProcessSpec
+from entrypoint.running.supervisor import Supervisor
 spec = ProcessSpec("launcher", ({PY!r}, "-u", "-c", {ESCAPING!r}), {{}})
 Supervisor([spec], dict(os.environ), 5.0, Log()).run()
 """
@@ -233,7 +233,7 @@ class CountingWatch:
 
 
 def test_one_loop_asks_the_runner_every_poll_and_the_watch_once_a_second():
-    from entrypoint.supervision import supervise
+    from entrypoint.running.loop import supervise
 
     runner, watch = Scripted(Outcome.succeeded(), after=50), CountingWatch()
     assert supervise(runner, watch, Signals(), Log(io.StringIO())).state is NodeState.SUCCEEDED
@@ -243,7 +243,7 @@ def test_one_loop_asks_the_runner_every_poll_and_the_watch_once_a_second():
 def test_a_signal_comes_first_and_the_watch_is_told():
     import signal as signals_module
 
-    from entrypoint.supervision import supervise
+    from entrypoint.running.loop import supervise
 
     got = Signals()
     got.received = signals_module.SIGTERM
@@ -254,7 +254,7 @@ def test_a_signal_comes_first_and_the_watch_is_told():
 
 
 def test_the_watch_verdict_stops_a_runner_that_goes_on():
-    from entrypoint.supervision import supervise
+    from entrypoint.running.loop import supervise
 
     out = io.StringIO()
     outcome = supervise(Scripted(None, after=0), CountingWatch(Outcome.lost("lost the master")), Signals(), Log(out))

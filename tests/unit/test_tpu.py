@@ -3,14 +3,14 @@ a Cloud TPU VM (or GKE's TPU pods) sets. No chip is needed; none is used."""
 
 import pytest
 
-from entrypoint import hardware
-from entrypoint.config import ConfigError
+from entrypoint.machine import hardware
+from entrypoint.contract.config import ConfigError
 from entrypoint.explain import explain
-from entrypoint.hardware import Hardware
+from entrypoint.machine.hardware import Hardware
 from entrypoint.launchers.xla import XlaHost
 from entrypoint.main import preflight_summary
-from entrypoint.manifest import Image
-from entrypoint.placement import NodeInfo, Placement
+from entrypoint.contract.manifest import Image
+from entrypoint.job.placement import NodeInfo, Placement
 from entrypoint.plan import plan_from_env, plan_processes
 
 FW, LA = ["pytorch"], ["native"]

@@ -2,7 +2,7 @@
 
 The seed's lines are kept in its order; what it leaves undefined or out is marked
 `# completed:`. The data is synthetic (2048 MNIST-shaped samples, labels from a fixed
-linear map). Prints the RESULT line the container tests read (tests/e2e/cluster.py).
+linear map). Prints the RESULT line the container tests read (testing/results.py).
 """
 
 import hashlib

@@ -1,0 +1,6 @@
+"""torchrun: PyTorch's launcher.
+
+    launch.py         Torchrun: one node (a torchrun subprocess), and what torchrun is told (TorchrunLaunch)
+    agent.py          TorchrunAgent: across nodes, torch's elastic agent inside the entrypoint
+    worker_stores.py  behind JOB_SECRET, the processes' own store for every rendezvous round
+"""

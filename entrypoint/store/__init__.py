@@ -1,0 +1,10 @@
+"""The job store's transport: the key-value store through which a job's nodes meet.
+
+    transport.py  the interface (get, set, add, compare-and-set, ...) and its errors
+    tcp.py        its implementation: torch's TCPStore, served by the master (behind a TLS
+                  Gate with JOB_SECRET), reached by every node
+
+The keys themselves, and what they mean, live beside the code that uses them: job/
+(members, ends, heartbeats, rounds) and health/ (progress, hangs). A second backend
+implements transport.py's interface only.
+"""
