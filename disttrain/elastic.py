@@ -48,7 +48,7 @@ import torch.distributed as dist
 from . import checkpoint
 from .env import context
 
-ROUNDS_KEY, ROUND_KEY = "rounds", "round/{n}"           # the job store's keys (entrypoint/store/tcp.py)
+ROUNDS_KEY, ROUND_KEY = "rounds", "round/{n}"           # the job store's keys (entrypoint/job/rounds.py)
 
 
 class ResumableSampler(torch.utils.data.Sampler):

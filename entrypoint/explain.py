@@ -21,7 +21,7 @@ def assumed_placement(plan: NodePlan) -> Placement:
         nodes.append(NodeInfo(rank, addr, plan.nproc, tuple(range(20000 + 100 * rank, 20000 + 100 * rank + ports))))
     rank = plan.direct.rank if plan.direct else (c.node_rank or 0)
     return Placement(rank, tuple(nodes), iface=c.net_ifname, master_port=c.master_port,
-                     horovod_addr=c.master_addr, horovod_port=c.horovod_port)
+                     server_addr=c.master_addr, server_port=plan.launcher.server_port)
 
 
 def watches(c) -> str:

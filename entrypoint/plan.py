@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from .contract.config import Config, ConfigError, load_config
 from .contract.manifest import Image
 from .contract.schedulers import DirectRank, translate
-from .job.placement import Placement, job_prefix
+from .job.placement import Placement
 from .launchers import Launcher, Rendezvous, choose
 from .machine import accelerators
 from .machine.accelerators import Accelerator
 from .machine.hardware import Hardware
 from .machine.nvidia_driver import check_driver
 from .running.specs import ProcessSpec, iface_env
+from .store.transport import job_prefix
 
 
 @dataclass(frozen=True)

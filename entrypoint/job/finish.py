@@ -21,7 +21,7 @@ import dataclasses
 import time
 
 from ..running.outcome import NodeState, Outcome
-from ..store.tcp import StoreGone
+from ..store.transport import StoreGone
 from .watch import JobWatch
 
 LEAVE_WAIT_S = 2.0
@@ -39,6 +39,7 @@ class Finishing:
     def __init__(self, watch: JobWatch):
         self.watch = watch
         self.store, self.config, self.rank, self.log = watch.store, watch.config, watch.rank, watch.log
+        self.ends, self.heartbeats = watch.ends, watch.heartbeats
         self.master = watch.master
 
     def finish(self, outcome: Outcome) -> Outcome:
@@ -47,8 +48,8 @@ class Finishing:
         try:
             outcome = self._cause(outcome)
             if outcome.ends_job:
-                self.store.abort(self._signed(outcome))
-            self.store.set_exit(self.rank, outcome)
+                self.ends.abort(self._signed(outcome))
+            self.ends.set_exit(self.rank, outcome)
             if not outcome.ok:
                 if self.master and outcome.ends_job:
                     self._let_workers_stop()
@@ -66,7 +67,7 @@ class Finishing:
         this node reports that node's reason, and a stop as 143, not a failure of its own)?"""
         if outcome.state is not NodeState.FAILED:
             return outcome
-        aborted = self.store.aborted()
+        aborted = self.ends.aborted()
         if aborted is not None:
             self.log.say(f"stopping: {aborted.reason}")
             return aborted
@@ -85,30 +86,30 @@ class Finishing:
         watch = self.watch
         deadline = time.monotonic() + self.config.grace_period + LEAVE_WAIT_S
         while time.monotonic() < deadline:
-            waiting = [k for k in watch.workers() if k not in watch.gone and self.store.exit(k) is None]
+            waiting = [k for k in watch.workers() if k not in watch.gone and self.ends.exit(k) is None]
             if all(watch.silent(k) for k in waiting):
                 return
-            self.store.beat(self.rank)
+            self.heartbeats.beat(self.rank)
             time.sleep(CHECK_INTERVAL_S)
 
     def _wait_for_workers(self) -> Outcome:
         watch, checked, workers = self.watch, 0.0, []
         while True:
             due = time.monotonic() - checked >= CHECK_INTERVAL_S
-            finished = all(self.store.exit(k) is not None for k in workers)
+            finished = all(self.ends.exit(k) is not None for k in workers)
             if due or finished:      # who is in the job: read with the checks and before ending, not every poll
                 workers = [k for k in watch.workers() if k not in watch.gone]
-                finished = all(self.store.exit(k) is not None for k in workers)
+                finished = all(self.ends.exit(k) is not None for k in workers)
             if finished or due:
                 verdict = watch.check_workers()      # a failed or silent worker ends the wait
                 if verdict:
                     self.log.say(verdict.reason)
-                    self.store.abort(verdict)
+                    self.ends.abort(verdict)
                     return verdict
-                self.store.beat(self.rank)
+                self.heartbeats.beat(self.rank)
                 checked = time.monotonic()
             if finished:
-                self.store.mark_done()                # every node is done: the workers may leave
+                self.ends.mark_done()                # every node is done: the workers may leave
                 self._let_workers_leave([k for k in workers if k not in watch.gone])   # not those that left
                 return Outcome.succeeded()
             if watch.signals.received is not None:
@@ -117,7 +118,7 @@ class Finishing:
 
     def _let_workers_leave(self, workers: list[int]) -> None:
         deadline = time.monotonic() + LEAVE_WAIT_S
-        while not all(self.store.has_left(k) for k in workers) and time.monotonic() < deadline:
+        while not all(self.ends.has_left(k) for k in workers) and time.monotonic() < deadline:
             time.sleep(WAIT_INTERVAL_S)
         time.sleep(LEAVE_MARGIN_S)
 
@@ -128,13 +129,13 @@ class Finishing:
         waits as long as the master's heartbeat moves."""
         checked = 0.0
         while True:
-            if self.store.done():
-                self.store.leave(self.rank)
+            if self.ends.done():
+                self.ends.leave(self.rank)
                 return Outcome.succeeded()
             if self.watch.signals.received is not None:
                 return Outcome.stopped(self.watch.signals.received)
             if time.monotonic() - checked >= CHECK_INTERVAL_S:
-                aborted = self.store.aborted()
+                aborted = self.ends.aborted()
                 if aborted:
                     self.log.say(aborted.reason)
                     return aborted
@@ -143,6 +144,6 @@ class Finishing:
                                         f"PEER_TIMEOUT={self.config.peer_timeout}s")
                     self.log.say(lost.reason)
                     return lost
-                self.store.beat(self.rank)
+                self.heartbeats.beat(self.rank)
                 checked = time.monotonic()
             time.sleep(WAIT_INTERVAL_S)

@@ -3,12 +3,16 @@ node rank, peers, interface, ports).
 
     with Job(plan, log, signals) as job:      # the job store (served here on the master), the launcher's servers
         joined = job.join()                   # or NotJoined, carrying the node's Outcome
-        runner = plan.launcher.runner(plan, joined, env, log, signals)   # watches through joined.watch(...)
+        runner = plan.launcher.runner(plan, joined, env, log, signals)   # watches through health.watching(joined)
         outcome = finish_together(runner.watch, runner.run())           # finish.py
 
 `LocalJob` is the same for one node: nothing to meet, a placement on 127.0.0.1. Where the
-node is (its address and interface) is hardware.locate's; what each launcher serves on the
-master is the launcher's (Launcher.serve).
+node is (its address and interface) is hardware.locate's. The launcher brings its own part
+of the meeting through its class (launchers/base.py): whether the nodes exchange addresses,
+what it serves on the master and on which port, how a worker reaches that server, the
+per-rank variables it announces. This module names no framework.
+
+`plan` is the NodePlan (plan.py, a layer above this one, not imported here).
 """
 
 from __future__ import annotations
@@ -17,21 +21,21 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..contract.config import Config, ConfigError
-from ..health.progress import ProgressFolder
-from ..health.vigil import LocalWatch, Vigil
 from ..machine import hardware
-from ..plan import NodePlan
 from ..running.log import Log
 from ..running.outcome import Outcome
 from ..running.signals import Signals
 from ..security.secret import Identity
-from ..security.tunnel import RequestTunnel, Tunnel
-from ..store.tcp import JobStore, RendezvousError, StoreGone
+from ..store.tcp import TcpJobStore
+from ..store.transport import JobStore, RendezvousError, StoreGone
+from .ends import Ends
 from .finish import LEAVE_WAIT_S, WAIT_INTERVAL_S
+from .members import Launch, Members
 from .placement import NodeInfo, Placement
-from .watch import JobWatch, stop_outcome
+from .watch import Heartbeats, stop_outcome
 
 EXIT_RENDEZVOUS = 3          # this node could not join: no master within RDZV_TIMEOUT, rank taken
 HEARTBEAT_CHECK_S = 2.5      # nodes bump their heartbeat every second: a live one moves within this
@@ -41,7 +45,7 @@ HEARTBEAT_CHECK_S = 2.5      # nodes bump their heartbeat every second: a live o
 class Meeting:
     """What joining the other nodes gave this node (Job._meet)."""
     nodes: tuple[NodeInfo, ...]
-    server_addr: str                       # where this node's processes reach the launcher's server
+    server_addr: str                       # where this node's processes reach the launcher's server on the master
     server_port: int | None
     torch_port: int | None = None          # torch's env:// store for launchers whose processes form a group
     launch_env: tuple[dict[str, str], ...] = ()
@@ -58,24 +62,13 @@ class NotJoined(Exception):
 @dataclass(frozen=True)
 class JoinedJob:
     """This node, in its job: the job store (None on one node) and where the node stands.
-    `watch(...)` makes what a runner watches while its processes run."""
+    What a runner watches while its processes run is health.watching(joined)'s."""
     placement: Placement
     store: JobStore | None = None
     config: Config | None = None
     log: Log | None = None
     signals: Signals | None = None
-    progress: ProgressFolder | None = None     # where this node's processes report their progress
-
-    def watch(self, serverless: bool, token: str | None = None, agent_in_process: bool = False) -> JobWatch | None:
-        """`serverless`: the node has no process of its own to wait for (TF servers, MPI
-        hosts); `token`: the node token of its processes, for elastic torchrun (watch.py);
-        `agent_in_process`: torch's agent runs in the entrypoint (torchrun_agent.py).
-        On one node: its ranks' progress (LocalWatch), or None when nothing reports it."""
-        if self.store is None:
-            return LocalWatch(self.config, self.log, self.progress) if self.progress else None
-        vigil = Vigil(self.config, self.placement.node_rank, self.log, self.progress) if self.progress else None
-        return JobWatch(self.store, self.config, self.placement.node_rank, self.log, self.signals,
-                        serverless=serverless, token=token, agent_in_process=agent_in_process, vigil=vigil)
+    progress: Any = None        # health.progress.ProgressFolder: where this node's processes report progress
 
 
 class _Stopped(Exception):
@@ -87,16 +80,19 @@ class _Stopped(Exception):
 class Job:
     """This node's membership of a multi-node job."""
 
-    def __init__(self, plan: NodePlan, log: Log, signals: Signals, identity: Identity | None = None):
+    def __init__(self, plan, log: Log, signals: Signals, identity: Identity | None = None):
         """`identity`: the job's secret (secret.py), or None for an open control plane."""
         c = plan.config
         self.plan, self.config, self.log, self.signals = plan, c, log, signals
         self.master = c.role == "master"
-        self.store = JobStore(c.master_addr, c.master_port, c.run_id, serve=self.master, timeout_s=c.rdzv_timeout,
-                              op_timeout_s=c.peer_timeout, identity=identity, say=log.say)
+        self.store: JobStore = TcpJobStore(c.master_addr, c.master_port, c.run_id, serve=self.master,
+                                           timeout_s=c.rdzv_timeout, op_timeout_s=c.peer_timeout, identity=identity,
+                                           say=log.say)
+        self.members, self.ends = Members(self.store), Ends(self.store)
+        self.heartbeats = Heartbeats(self.store, c.peer_timeout)
         self.node_rank: int | None = None
         self.server = None                   # what the launcher serves on the master (Launcher.serve)
-        self.tunnels: list[Tunnel] = []      # to the master's servers behind JOB_SECRET
+        self.tunnels: list = []              # to the master's servers behind JOB_SECRET (Launcher.reach_server)
 
     def __enter__(self) -> "Job":
         return self
@@ -117,14 +113,14 @@ class Job:
         except _Stopped as exc:
             outcome = stop_outcome(self.config, exc.signum)
             if outcome.ends_job:
-                self.store.abort(outcome)
+                self.ends.abort(outcome)
             raise NotJoined(outcome) from None
         except (RendezvousError, StoreGone) as exc:
             reason = str(exc) if isinstance(exc, RendezvousError) else \
                 f"lost the job store at {self.store.endpoint} during rendezvous ({exc})"
             self.log.say(f"rendezvous failed: {reason}", error=True)
             if self._job_needs_me(exc):
-                self.store.abort(Outcome.failed(f"node {self._rank_text()}: {reason}"))
+                self.ends.abort(Outcome.failed(f"node {self._rank_text()}: {reason}"))
             outcome = Outcome.failed(reason, EXIT_RENDEZVOUS)
             self._leave_rendezvous(outcome)
             raise NotJoined(outcome) from None
@@ -134,16 +130,15 @@ class Job:
         its exit; the master keeps the store up until the workers that claimed a rank have
         read why the job ends and recorded theirs (at most LEAVE_WAIT_S), so that each says
         the master's reason rather than losing its store mid-rendezvous."""
-        store = self.store
-        if self.node_rank is None or not store.connected:
+        if self.node_rank is None:
             return
         try:
             if not self.master:
-                store.set_exit(self.node_rank, outcome)
+                self.ends.set_exit(self.node_rank, outcome)
                 return
-            joined = store.claimed_workers(self.config.most_nodes)
+            joined = self.members.claimed_workers(self.config.most_nodes)
             deadline = time.monotonic() + LEAVE_WAIT_S
-            while time.monotonic() < deadline and any(store.exit(k) is None for k in joined):
+            while time.monotonic() < deadline and any(self.ends.exit(k) is None for k in joined):
                 time.sleep(WAIT_INTERVAL_S)
         except StoreGone:
             pass
@@ -190,14 +185,14 @@ class Job:
             self.log.say(f"WARNING: {warning}")
         me = NodeInfo(node_rank, where.addr, launcher.nproc,
                       hardware.node_ports(launcher.ports_needed(self.master), c.worker_port_base))
-        store.publish(me)
-        store.beat(node_rank)
+        self.members.publish(me)
+        self.heartbeats.beat(node_rank)
         nodes_text = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
         self.log.say(f"node {node_rank} of {nodes_text}: address {where.addr}, interface {where.iface or '(auto)'}, "
                      f"{launcher.nproc} process(es)")
         met = self._meet(me, deadline)
         return Placement(node_rank, met.nodes, iface=where.iface, master_port=met.torch_port or c.master_port,
-                         horovod_addr=met.server_addr, horovod_port=met.server_port, launch_env=met.launch_env,
+                         server_addr=met.server_addr, server_port=met.server_port, launch_env=met.launch_env,
                          store_endpoint=store.local_endpoint if store.identity else None)
 
     def _meet(self, me: NodeInfo, deadline: float) -> "Meeting":
@@ -206,42 +201,45 @@ class Job:
         launchers whose processes form their own group, and its per-rank variables), or the
         master's announcement. Where the master starts every rank (mpirun), that port is the
         master's alone to pick."""
-        c, launcher, store = self.config, self.plan.launcher, self.store
-        met = Meeting((me,), c.master_addr, c.horovod_port)
+        c, launcher = self.config, self.plan.launcher
+        met = Meeting((me,), c.master_addr, launcher.server_port)
         if launcher.exchange:
             met = dataclasses.replace(met, nodes=tuple(self._wait_for_nodes(me.node_rank, deadline)))
         if self.master:
-            try:
-                self.server = launcher.serve(self.plan, list(met.nodes), store, self.log)
-            except OSError as exc:           # its port is taken (Horovod's rendezvous: HOROVOD_PORT)
-                raise RendezvousError(f"cannot serve Horovod's rendezvous on HOROVOD_PORT={c.horovod_port}: "
-                                      f"{os.strerror(exc.errno) if exc.errno else exc}") from None
-            if self.server:
-                # Behind JOB_SECRET the server listens on loopback (tunnel.Gated): the master's
-                # own processes reach it there.
-                local = getattr(self.server, "local_port", None)
-                met = dataclasses.replace(met, server_addr="127.0.0.1" if local else c.master_addr,
-                                          server_port=local or self.server.port)
-            if launcher.exchange:
-                # torch.distributed's env:// for scripts under Horovod: rank 0 is on the master,
-                # on a port of its own (MASTER_PORT is the job store's).
-                met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0],
-                                          launch_env=launcher.launch_env(list(met.nodes)))
-                store.announce_launch(horovod_port=self.server.port if self.server else None,
-                                      torch_port=met.torch_port, launch_env=met.launch_env)
-            elif launcher.ranks_own_store:
-                met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0])
-        elif launcher.exchange:
+            return self._host_meeting(met)
+        if launcher.exchange:
             launch = self._wait_for_launch(me.node_rank, deadline)
-            met = dataclasses.replace(met, torch_port=launch.get("torch_port"),
-                                      launch_env=tuple(launch.get("launch_env", ())))
-            if launch.get("horovod_port"):
-                met = dataclasses.replace(met, server_port=launch["horovod_port"])
-                if store.identity is not None:        # the master's server is behind its Gate
-                    tunnel = RequestTunnel(c.master_addr, launch["horovod_port"],
-                                           store.identity.client_context()).start()
+            met = dataclasses.replace(met, torch_port=launch.torch_port, launch_env=launch.launch_env)
+            if launch.server_port:
+                addr, port, tunnel = launcher.reach_server(c.master_addr, launch.server_port, self.store.identity)
+                if tunnel is not None:
                     self.tunnels.append(tunnel)
-                    met = dataclasses.replace(met, server_addr="127.0.0.1", server_port=tunnel.port)
+                met = dataclasses.replace(met, server_addr=addr, server_port=port)
+        return met
+
+    def _host_meeting(self, met: "Meeting") -> "Meeting":
+        """The master's side: the launcher's server, then the launch announcement."""
+        c, launcher, store = self.config, self.plan.launcher, self.store
+        try:
+            self.server = launcher.serve(self.plan, list(met.nodes), store, self.log)
+        except OSError as exc:           # its port is taken
+            raise RendezvousError(f"cannot serve {launcher.server_text}: "
+                                  f"{os.strerror(exc.errno) if exc.errno else exc}") from None
+        if self.server:
+            # Behind JOB_SECRET the server listens on loopback (tunnel.Gated): the master's
+            # own processes reach it there.
+            local = getattr(self.server, "local_port", None)
+            met = dataclasses.replace(met, server_addr="127.0.0.1" if local else c.master_addr,
+                                      server_port=local or self.server.port)
+        if launcher.exchange:
+            # torch.distributed's env:// for the processes' own group: rank 0 is on the
+            # master, on a port of its own (MASTER_PORT is the job store's).
+            met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0],
+                                      launch_env=launcher.launch_env(list(met.nodes)))
+            self.members.announce_launch(Launch(self.server.port if self.server else None, met.torch_port,
+                                                met.launch_env))
+        elif launcher.ranks_own_store:
+            met = dataclasses.replace(met, torch_port=hardware.free_ports(1)[0])
         return met
 
     def _connect(self, deadline: float) -> None:
@@ -263,7 +261,6 @@ class Job:
                 self.log.say(f"the job at {self.store.endpoint} is ending (it lost a node, maybe this one's "
                              f"previous run); waiting for the master's next start to join it")
                 waited = True
-            self.store.disconnect()
             if time.monotonic() > deadline:
                 raise RendezvousError(f"the job at {self.store.endpoint} was still ending after "
                                       f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
@@ -274,45 +271,45 @@ class Job:
         alive (this one is beyond NUM_NODES: _claim_rank refuses it); 'ending': it is aborting,
         or one of its nodes stopped heartbeating (this node comes back in its place). Elastic
         jobs always take a node in."""
-        store, c = self.store, self.config
+        c = self.config
         if c.elastic:
             return "open"
-        if store.aborted() is not None:
+        if self.ends.aborted() is not None:
             return "ending"
-        claimed = [k for k in range(c.num_nodes) if store.claimed(k)]
+        claimed = [k for k in range(c.num_nodes) if self.members.claimed(k)]
         if len(claimed) < c.num_nodes:
             return "open"
-        before = {k: store.heartbeat(k) for k in claimed}
+        before = {k: self.heartbeats.count(k) for k in claimed}
         time.sleep(HEARTBEAT_CHECK_S)
-        return "full" if all(store.heartbeat(k) != before[k] for k in claimed) else "ending"
+        return "full" if all(self.heartbeats.count(k) != before[k] for k in claimed) else "ending"
 
     def _claim_rank(self) -> int:
         """Rank 0 for the master, NODE_RANK if given, else the next free one (elastic
         jobs hand out fresh ranks to nodes that replace lost ones)."""
-        c, store = self.config, self.store
+        c, store, members = self.config, self.store, self.members
         wanted = 0 if self.master else c.node_rank
         if wanted is not None:
-            if not store.claim(wanted):
+            if not members.claim(wanted):
                 raise RendezvousError(f"NODE_RANK={wanted} is already taken by another node at "
                                       f"{store.endpoint}; give each node its own NODE_RANK")
             return wanted
         while True:
-            candidate = store.next_rank()
+            candidate = members.next_rank()
             if not c.elastic and candidate >= c.num_nodes:
                 raise RendezvousError(f"more nodes joined {store.endpoint} than NUM_NODES={c.num_nodes}; "
                                       f"this one would be node {candidate}", ends_job=False)
-            if store.claim(candidate):
+            if members.claim(candidate):
                 return candidate
 
     def _wait(self, node_rank: int, deadline: float, ready, timeout_text) -> None:
         while not ready():
             self._check_signals()
-            aborted = self.store.aborted()
+            aborted = self.ends.aborted()
             if aborted:
                 raise RendezvousError(f"job aborted during rendezvous: {aborted.reason}")
             if time.monotonic() > deadline:
                 raise RendezvousError(timeout_text())
-            self.store.beat(node_rank)
+            self.heartbeats.beat(node_rank)
             time.sleep(0.2)
 
     def _wait_for_nodes(self, node_rank: int, deadline: float) -> list[NodeInfo]:
@@ -321,7 +318,7 @@ class Job:
 
         def ready() -> bool:
             for k in range(count):
-                if k not in found and (info := store.node_info(k)) is not None:
+                if k not in found and (info := self.members.node_info(k)) is not None:
                     found[k] = info
             return len(found) == count
 
@@ -333,18 +330,18 @@ class Job:
         self._wait(node_rank, deadline, ready, timeout_text)
         return [found[k] for k in range(count)]
 
-    def _wait_for_launch(self, node_rank: int, deadline: float) -> dict:
-        self._wait(node_rank, deadline, lambda: self.store.launch() is not None,
+    def _wait_for_launch(self, node_rank: int, deadline: float) -> Launch:
+        self._wait(node_rank, deadline, lambda: self.members.launch() is not None,
                    lambda: f"the master at {self.store.endpoint} did not start the job within "
                            f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
-        return self.store.launch()
+        return self.members.launch()
 
 
 
 class LocalJob:
-    """One node: nothing to meet. The launcher's server (Horovod's rendezvous) runs here when it has one."""
+    """One node: nothing to meet. The launcher's server runs here when it has one."""
 
-    def __init__(self, plan: NodePlan, log: Log):
+    def __init__(self, plan, log: Log):
         self.plan, self.log = plan, log
         self.server = None
 
@@ -361,6 +358,6 @@ class LocalJob:
                           tuple(hardware.free_ports(launcher.ports_needed(True), "127.0.0.1"))),)
         self.server = launcher.serve(self.plan, list(nodes), None, self.log)
         placement = Placement(0, nodes, iface=None, master_port=hardware.free_ports(1, "127.0.0.1")[0],
-                              horovod_addr="127.0.0.1", horovod_port=self.server.port if self.server else None,
+                              server_addr="127.0.0.1", server_port=self.server.port if self.server else None,
                               launch_env=launcher.launch_env(list(nodes)))
         return JoinedJob(placement, None, self.plan.config, self.log)

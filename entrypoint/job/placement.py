@@ -1,15 +1,10 @@
-"""Where a node stands in its job: what nodes tell each other at rendezvous, and where the
-job's keys live. Plain values, shared by the planner, the job store and the launchers."""
+"""Where a node stands in its job: what nodes tell each other at rendezvous. Plain values,
+shared by the planner, the join and the launchers."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-
-def job_prefix(run_id: str) -> str:
-    """Where one job's keys live in the job store (jobstore.py)."""
-    return f"disttrain/{run_id}/"
 
 
 @dataclass(frozen=True)
@@ -37,8 +32,8 @@ class Placement:
     nodes: tuple[NodeInfo, ...] = ()     # every node when the launcher exchanges addresses, else this one
     iface: str | None = None             # NIC for NCCL, Gloo and Horovod (None: theirs to choose)
     master_port: int | None = None       # torch's MASTER_PORT for processes that form their own group
-    horovod_addr: str | None = None      # the launcher's server on the master (Horovod's rendezvous)
-    horovod_port: int | None = None
+    server_addr: str | None = None       # where this node's processes reach the launcher's server (Launcher.serve)
+    server_port: int | None = None
     launch_env: tuple[dict[str, str], ...] = ()   # the master's per-rank variables (Launcher.launch_env)
     store_endpoint: str | None = None    # behind JOB_SECRET: host:port where this node's processes reach the job store
 

@@ -10,15 +10,17 @@ the answers:
     ports_needed(master) the free ports this node publishes at rendezvous
     env()                what it adds to every process's environment
     describe()           its line of the dry run and of the log ('starts: ...')
-    serve(...)           the servers it runs on the master once the nodes are known
+    serve(...)           the server it runs on the master once the nodes are known (server_port,
+                         server_text), and how a worker reaches it (reach_server)
     launch_env(nodes)    per-rank variables the master builds once and announces with the launch
     processes(plan, placement)   the node's processes, once it has joined
     runner(...)          what runs and supervises them, returning the node's Outcome
 
 Subclasses override what differs; the defaults are the common case (a supervised list of
 processes, one job store, nothing served). The methods that run take the NodePlan (`plan`:
-its shared `env` and `python`) and the JoinedJob (`job`: its `placement`, `store` and
-`watch(...)`); both modules sit above this one and are not imported here.
+its shared `env` and `python`) and the JoinedJob (`job`: its `placement` and `store`).
+Planning needs nothing that runs: the running machinery (the Supervisor, the reaper's
+token, health.watching) is imported by the methods that run, when they run.
 """
 
 from __future__ import annotations
@@ -32,11 +34,9 @@ from ..machine.accelerators import Accelerator
 from ..machine.hardware import Hardware
 from ..running.log import Log
 from ..running.loop import Runner
-from ..running.reaper import new_token
 from ..running.signals import Signals
 from ..running.specs import ProcessSpec, script_argv
-from ..running.supervisor import Supervisor
-from ..store.tcp import JobStore
+from ..store.transport import JobStore
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,16 @@ class Launcher:
     def dry_run_notes(self) -> list[str]:
         return []
 
+    @property
+    def server_port(self) -> int | None:
+        """The port its server on the master listens on (serve), where it has a fixed one."""
+        return None
+
+    @property
+    def server_text(self) -> str:
+        """Its server, for a line that says it could not be served."""
+        return f"the launcher's server on port {self.server_port}"
+
     def open_despite_secret(self) -> list[str]:
         """What this launcher serves for its processes' coordination that JOB_SECRET does not
         put behind TLS (the job store and torchrun's rendezvous always are; docs/security.md)."""
@@ -119,6 +129,17 @@ class Launcher:
         JOB_SECRET the other nodes reach it through a tunnel.RequestTunnel."""
         return None
 
+    def reach_server(self, master_addr: str, port: int, identity) -> tuple[str, int, object | None]:
+        """On a worker: where its processes reach the server the master announced on `port`,
+        and the tunnel that relays to it (to stop with the job), if any. Behind JOB_SECRET
+        (`identity`) the server is behind the master's Gate: a RequestTunnel on this node."""
+        if identity is None:
+            return master_addr, port, None
+        from ..security.tunnel import RequestTunnel
+
+        tunnel = RequestTunnel(master_addr, port, identity.client_context()).start()
+        return "127.0.0.1", tunnel.port, tunnel
+
     def launch_env(self, nodes: list[NodeInfo]) -> tuple[dict[str, str], ...]:
         """On the master, once the nodes are known: every rank's variables that only a view
         of the whole job gives (Horovod's slots), announced to the nodes with the launch and
@@ -131,10 +152,14 @@ class Launcher:
     def runner(self, plan, job, base_env: dict[str, str], log: Log,
                signals: Signals) -> Runner:
         """A Supervisor over the planned processes (the common case)."""
+        from ..health.watching import watching
+        from ..running.reaper import new_token
+        from ..running.supervisor import Supervisor
+
         processes = self.processes(plan, job.placement)
         log.say(f"starting {len(processes)} process(es): {self.describe()}")
         token = new_token()
-        watch = job.watch(serverless=not any(p.critical for p in processes), token=token)
+        watch = watching(job, serverless=not any(p.critical for p in processes), token=token)
         return Supervisor(processes, base_env, self.config.grace_period, log, watch=watch, signals=signals,
                           token=token)
 

@@ -1,35 +1,17 @@
-"""The job store: the keys through which the nodes of one job find, number and watch each other.
+"""The job store's one backend: torch's TCPStore, served by the master for the whole job.
 
-The master's entrypoint serves a torch.distributed.TCPStore on MASTER_ADDR:MASTER_PORT for
-the whole job; every node's entrypoint is a client. torchrun's c10d rendezvous uses the
-same store (is_host=0), so it lives as long as the job rather than as long as one
-torchrun. Under the prefix `disttrain/<RUN_ID>/`:
+The master's entrypoint serves a torch.distributed.TCPStore on MASTER_ADDR:MASTER_PORT;
+every node's entrypoint is a client. torchrun's c10d rendezvous uses the same store
+(is_host=0), so it lives as long as the job rather than as long as one torchrun. Keys are
+under `disttrain/<RUN_ID>/` (transport.job_prefix); what they mean is the families'
+(store/__init__.py names them).
 
-    next             counter: the last node rank handed out without NODE_RANK
-    node/<k>/claim   a node took rank k (NODE_RANK, or the next free one)
-    node/<k>/info    its address, process count and ports (NodeInfo JSON)
-    node/<k>/hb      heartbeat counter, bumped every second
-    node/<k>/exit    its Outcome (JSON), when its processes are done
-    node/<k>/left    worker k saw job/done and exits now (the master exits after it)
-    job/launch       the master's go: every node has joined, Horovod's server is up (its port,
-                     and the port of torch.distributed's env:// store for Horovod's workers)
-    job/done         the master saw every node finish; workers may leave
-    job/abort        the Outcome that ends the job on every node (ABORTED, with its cause)
-    lost             counter: nodes the master found silent in an elastic job
-    lost/<n>         {"node": k, "since": T}: node k, silent since wall-clock time T
-    rounds           counter: training rounds reported by the processes (elastic)
-    round/<n>        {"world": W, "step": S}: round n's world size and the step it resumed
-                     from, written by global rank 0 through disttrain.elastic
-    node/<k>/progress  its ranks' progress (a list of progress.RankProgress records), with each heartbeat
-    job/hang         the master found a hang: {"id": ..., "ranks": [...]}: every node dumps its stacks
-    hang/<id>/<k>    node k's answer: per rank, where its main thread is (vigil.py)
-    hang/<id>/verdict  elastic: {"line": ..., "leave": [k, ...]}: the stalled nodes leave
-
-This module only reads and writes those keys; joining (join.py) and watching (watch.py)
-decide what they mean. Every method raises StoreGone once the store cannot be reached.
+TCPStore's own timeout does not bound a client's reads (torch 2.13: against a frozen
+server, add/check/get/set block for good), so operations run on a thread of their own
+and each is waited for at most PEER_TIMEOUT before the store counts as gone (StoreGone).
 
 With JOB_SECRET (an `Identity`), the master serves the store on loopback behind a TLS Gate
-on MASTER_PORT, and every other node reaches it through its own Tunnel (tunnel.py);
+on MASTER_PORT, and every other node reaches it through its own Tunnel (security/tunnel.py);
 `local_endpoint` is where this node's clients (torch's agent, the training processes) find
 it then.
 """
@@ -38,40 +20,19 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
-import json
-import os
 import queue
 import socket
 import threading
 import time
-import uuid
-from typing import Callable, TypeVar
 
-from ..job.placement import NodeInfo, job_prefix
-from ..running.outcome import Outcome
 from ..security.tunnel import Answer, Gate, Tunnel, handshake
+from .transport import JobStore, RendezvousError, StoreGone, job_prefix
 
 
 # A worker usually starts before its master's store serves: a probe is cheap (DNS, then a
 # TCP connect), so it is retried often; once a second cost each job up to a second.
 CONNECT_RETRY_S = 0.2
 CLOSE_ROUND_TRIP_S = 2.0      # finish.LEAVE_WAIT_S: the longest a master waits for a worker's last write
-
-
-T = TypeVar("T")
-
-
-class StoreGone(Exception):
-    """The job store cannot be reached (its host stopped, or the network failed)."""
-
-
-class RendezvousError(Exception):
-    """Joining failed; str() names MASTER_ADDR:MASTER_PORT and what was waited for.
-    `ends_job`: the job cannot go on without this node (False for a node it never needed)."""
-
-    def __init__(self, text: str, ends_job: bool = True):
-        super().__init__(text)
-        self.ends_job = ends_job
 
 
 def probe(host: str, port: int) -> str | None:
@@ -105,7 +66,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-class JobStore:
+class TcpJobStore(JobStore):
     def __init__(self, host: str, port: int, run_id: str, serve: bool, timeout_s: float, op_timeout_s: float,
                  identity=None, say=print):
         """timeout_s: how long to look for the master (RDZV_TIMEOUT); op_timeout_s: how long
@@ -142,6 +103,7 @@ class JobStore:
         # torch first: importing it takes seconds, which a worker spends while its master
         # starts, not after the master is up (an elastic round may start without it).
         _import_torch()
+        self.store, self._gone = None, None          # a new connection, to whichever store serves now
         if self.serve:
             self._serve()
             return
@@ -225,38 +187,31 @@ class JobStore:
         an abort's reason). A round trip after them means the store has read them; it waits
         no longer than the master waits for a `left` (LEAVE_WAIT_S), so a frozen master
         does not hold up this node's exit."""
-        if self.tunnel is not None and self.connected and self._gone is None:
+        if self.tunnel is not None and self.store is not None and self._gone is None:
             try:        # answered after every write before it
-                self._call(self.store.check, [self.prefix + "job/done"], timeout_s=CLOSE_ROUND_TRIP_S)
+                self._call("check", [self.prefix + "job/done"], timeout_s=CLOSE_ROUND_TRIP_S)
             except StoreGone:
                 pass
         for server in (self.gate, self.tunnel):
             if server is not None:
                 server.stop()
 
-    def disconnect(self) -> None:
-        """Drop the client connection (a later connect() makes a new one, to whichever
-        store then serves the endpoint)."""
-        self.store, self._gone = None, None
-
-    @property
-    def connected(self) -> bool:
-        return self.store is not None
-
     # ----------------------------------------------------------------- raw keys
     def _serve_ops(self) -> None:
         while True:
             op, args, reply = self._ops.get()
             try:
-                reply.put((True, op(*args)))
+                reply.put((True, getattr(self.store, op)(*args)))
             except (RuntimeError, ValueError, OSError) as exc:   # DistStoreError, DistNetworkError
                 reply.put((False, _first_line(exc)))
 
-    def _call(self, op, *args, timeout_s: float | None = None):
-        """op(*args) on the store's thread; StoreGone without a reply within timeout_s
-        (default: op_timeout_s)."""
+    def _call(self, op: str, *args, timeout_s: float | None = None):
+        """TCPStore's `op`(*args) on the store's thread; StoreGone without a reply within
+        timeout_s (default: op_timeout_s), or before the store is connected."""
         if self._gone:
             raise StoreGone(self._gone)
+        if self.store is None:
+            raise StoreGone(f"not connected to the job store at {self.endpoint}")
         reply: queue.Queue = queue.Queue(1)
         self._ops.put((op, args, reply))
         try:
@@ -269,152 +224,20 @@ class JobStore:
             raise StoreGone(value)
         return value
 
-    def has(self, name: str) -> bool:
-        return self._call(self.store.check, [self.prefix + name])
+    def has(self, key: str) -> bool:
+        return self._call("check", [self.prefix + key])
 
-    def get(self, name: str) -> str:
-        """A key that is set. TCPStore.get waits for a missing one, and every caller of this
-        JobStore waits behind it (one thread serves them all): a key another thread of this
-        process is about to write would never come. Read keys that may be missing with find()."""
-        return self._call(self.store.get, self.prefix + name).decode()
+    def get(self, key: str) -> str | None:
+        # TCPStore.get waits for a missing key, and every caller of this store waits behind it
+        # (one thread serves them all): a key another thread of this process is about to
+        # write would never come. So: check, then get.
+        return self._call("get", self.prefix + key).decode() if self.has(key) else None
 
-    def find(self, name: str) -> str | None:
-        """The key's value, or None while it is not set (keys are never deleted)."""
-        return self.get(name) if self.has(name) else None
+    def set(self, key: str, value: str) -> None:
+        self._call("set", self.prefix + key, value)
 
-    def find_as(self, name: str, parse: Callable[[str], T]) -> T | None:
-        """The key's value parsed, or None while it is not set."""
-        found = self.find(name)
-        return parse(found) if found is not None else None
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call("add", self.prefix + key, amount))
 
-    def get_json(self, name: str):
-        return self.find_as(name, json.loads)
-
-    def set(self, name: str, value: str) -> None:
-        self._call(self.store.set, self.prefix + name, value)
-
-    def add(self, name: str, amount: int) -> int:
-        return int(self._call(self.store.add, self.prefix + name, amount))
-
-    def compare_set(self, name: str, expected: str, desired: str) -> str:
-        return self._call(self.store.compare_set, self.prefix + name, expected, desired).decode()
-
-    # ----------------------------------------------------------------- nodes
-    def claim(self, rank: int) -> bool:
-        """compare_set writes our token only if the key is absent; it returns what is stored."""
-        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
-        return self.compare_set(f"node/{rank}/claim", "", token) == token
-
-    def next_rank(self) -> int:
-        return self.add("next", 1)
-
-    def claimed(self, rank: int) -> bool:
-        return self.has(f"node/{rank}/claim")
-
-    def highest_rank(self, bound: int) -> int:
-        """The highest rank that may have been claimed: `bound` - 1, or above it when
-        elastic nodes took fresh ranks beyond it."""
-        return max(bound - 1, self.add("next", 0))
-
-    def claimed_workers(self, bound: int) -> list[int]:
-        """The worker ranks (1 and up) claimed so far; `bound`: the job's most nodes."""
-        return [k for k in range(1, self.highest_rank(bound) + 1) if self.claimed(k)]
-
-    def publish(self, info: NodeInfo) -> None:
-        self.set(f"node/{info.node_rank}/info", info.to_json())
-
-    def node_info(self, rank: int) -> NodeInfo | None:
-        return self.find_as(f"node/{rank}/info", NodeInfo.from_json)
-
-    def beat(self, rank: int) -> None:
-        self.add(f"node/{rank}/hb", 1)
-
-    def heartbeat(self, rank: int) -> int:
-        return self.add(f"node/{rank}/hb", 0)
-
-    def set_exit(self, rank: int, outcome: Outcome) -> None:
-        self.set(f"node/{rank}/exit", outcome.to_json())
-
-    def exit(self, rank: int) -> Outcome | None:
-        return self.find_as(f"node/{rank}/exit", Outcome.from_json)
-
-    # ----------------------------------------------------------------- the job
-    def announce_launch(self, horovod_port: int | None, torch_port: int | None = None,
-                        launch_env: tuple[dict[str, str], ...] = ()) -> None:
-        """Carries the master's Horovod port (only the master needs HOROVOD_PORT), the
-        port of torch.distributed's env:// store for processes under Horovod, and the
-        launcher's per-rank variables (Launcher.launch_env)."""
-        self.set("job/launch", json.dumps({"horovod_port": horovod_port, "torch_port": torch_port,
-                                           "launch_env": list(launch_env)}))
-
-    def launch(self) -> dict | None:
-        return self.get_json("job/launch")
-
-    def abort(self, outcome: Outcome) -> None:
-        """Record why the job ends (the first reason wins). Quiet when the store is gone:
-        the others then find out by themselves."""
-        if self.store is None:
-            return
-        try:
-            self.compare_set("job/abort", "", outcome.aborting().to_json())
-        except StoreGone:
-            pass
-
-    def aborted(self) -> Outcome | None:
-        return self.find_as("job/abort", Outcome.from_json)
-
-    def mark_done(self) -> None:
-        self.set("job/done", "1")
-
-    def done(self) -> bool:
-        return self.has("job/done")
-
-    def leave(self, rank: int) -> None:
-        """A worker saw job/done and exits now (the master waits for this before it does)."""
-        self.set(f"node/{rank}/left", "1")
-
-    def has_left(self, rank: int) -> bool:
-        return self.has(f"node/{rank}/left")
-
-    # ----------------------------------------------------------------- lost nodes (elastic)
-    def report_lost(self, node: int, since: float) -> None:
-        n = self.add("lost", 1)
-        self.set(f"lost/{n}", json.dumps({"node": node, "since": since}))
-
-    def losses(self) -> int:
-        return self.add("lost", 0)
-
-    def loss(self, n: int) -> dict | None:
-        return self.get_json(f"lost/{n}")
-
-    # ----------------------------------------------------------------- training rounds (elastic)
-    def rounds(self) -> int:
-        return self.add("rounds", 0)
-
-    def round(self, n: int) -> dict | None:
-        return self.get_json(f"round/{n}")
-
-    # ----------------------------------------------------------------- progress and hangs (vigil.py)
-    def publish_progress(self, node: int, ranks: list[dict]) -> None:
-        self.set(f"node/{node}/progress", json.dumps(ranks))
-
-    def progress(self, node: int) -> list[dict]:
-        return self.get_json(f"node/{node}/progress") or []
-
-    def announce_hang(self, incident: dict) -> None:
-        self.set("job/hang", json.dumps(incident))
-
-    def hang(self) -> dict | None:
-        return self.get_json("job/hang")
-
-    def report_stacks(self, incident: str, node: int, report: dict) -> None:
-        self.set(f"hang/{incident}/{node}", json.dumps(report))
-
-    def stacks(self, incident: str, node: int) -> dict | None:
-        return self.get_json(f"hang/{incident}/{node}")
-
-    def announce_verdict(self, incident: str, verdict: dict) -> None:
-        self.set(f"hang/{incident}/verdict", json.dumps(verdict))
-
-    def verdict(self, incident: str) -> dict | None:
-        return self.get_json(f"hang/{incident}/verdict")
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        return self._call("compare_set", self.prefix + key, expected, desired).decode()

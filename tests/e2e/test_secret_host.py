@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from entrypoint.running.outcome import Outcome
-from entrypoint.job.placement import job_prefix
+from entrypoint.store.transport import job_prefix
 from tests.conftest import ROOT
 from testing.cluster import Node, wait_for, wait_for_any
 from testing.results import changes, results

@@ -10,7 +10,7 @@ import torch
 
 from disttrain import checkpoint, elastic
 from entrypoint.contract.config import load_config
-from entrypoint.store.tcp import JobStore
+from entrypoint.store.tcp import TcpJobStore
 from entrypoint.running.log import Log
 from entrypoint.contract.manifest import Image
 from entrypoint.running.signals import Signals
@@ -101,7 +101,7 @@ def test_rounds_reported_by_rank_0_are_logged_by_the_entrypoint(monkeypatch):
     port = free_port()
     config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
                           "MASTER_PORT": str(port), "RUN_ID": "t"}, Image(["pytorch"], ["native"]))
-    store = JobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5)
+    store = TcpJobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=0)
     out = io.StringIO()
     watch = JobWatch(store, config, 0, Log(out), Signals())
@@ -122,6 +122,9 @@ def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
 
 
 def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
+    from entrypoint.job.ends import Ends
+    from entrypoint.job.members import Members
+    from entrypoint.job.watch import Heartbeats
     from entrypoint.launchers.horovod.elastic_driver import StoreDiscovery
     from entrypoint.running.outcome import Outcome
     from entrypoint.job.placement import NodeInfo
@@ -130,17 +133,17 @@ def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
     config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
                           "MASTER_PORT": str(port), "LAUNCHER": "horovod", "PEER_TIMEOUT": "2"},
                          Image(["pytorch"], ["native", "horovod"]))
-    store = JobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
+    store = TcpJobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=0)
     for rank, nproc in ((0, 2), (1, 1), (2, 4)):
-        assert store.claim(rank)
-        store.publish(NodeInfo(rank, f"10.0.0.{rank}", nproc))
+        assert Members(store).claim(rank)
+        Members(store).publish(NodeInfo(rank, f"10.0.0.{rank}", nproc))
     discovery = StoreDiscovery(store, config)
     assert discovery.find_available_hosts_and_slots() == {"node0": 2, "node1": 1, "node2": 4}
-    store.set_exit(2, Outcome.succeeded())                       # finished: no more slots there
+    Ends(store).set_exit(2, Outcome.succeeded())                       # finished: no more slots there
     assert discovery.find_available_hosts_and_slots() == {"node0": 2, "node1": 1}
     for _ in range(6):                                            # node 1 stops heartbeating
-        store.beat(0)
+        Heartbeats(store, 2).beat(0)
         discovery.find_available_hosts_and_slots()
         time.sleep(0.5)
     assert discovery.find_available_hosts_and_slots() == {"node0": 2}
@@ -162,7 +165,7 @@ def test_an_order_counted_but_not_yet_written_holds_up_nobody_on_the_master(tmp_
     env = {"MIN_NODES": "1", "MAX_NODES": "2", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "LAUNCHER": "horovod", "ENTRYPOINT": str(script), "PEER_TIMEOUT": "2"}
     plan = plan_from_env(env, Image(["pytorch"], ["native", "horovod"]), Hardware(gpus=0, cpus=2, shm_bytes=64 << 20))
-    store = JobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=2)
+    store = TcpJobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=2)
     store.connect(deadline=0)
     node = HorovodElasticNode(store, plan, Placement(0), {}, Log(io.StringIO()), Signals(),
                               JobWatch(store, plan.config, 0, Log(io.StringIO()), Signals()))

@@ -9,22 +9,24 @@ import time
 from entrypoint.job import finish as finish_module
 from entrypoint.contract.config import load_config
 from entrypoint.job.finish import finish_together
-from entrypoint.store.tcp import JobStore
+from entrypoint.store.tcp import TcpJobStore
 from entrypoint.running.log import Log
 from entrypoint.contract.manifest import Image
 from entrypoint.running.outcome import NodeState, Outcome
 from entrypoint.running.signals import Signals
-from entrypoint.job.watch import JobWatch
+from entrypoint.job.ends import Ends
+from entrypoint.job.members import Members
+from entrypoint.job.watch import Heartbeats, JobWatch
 from testing.ports import free_port
 
 
-def node(port: int, rank: int, **env) -> tuple[JobStore, JobWatch]:
+def node(port: int, rank: int, **env) -> tuple[TcpJobStore, JobWatch]:
     config = load_config({"ROLE": "master" if rank == 0 else "worker", "NUM_NODES": "2", "TRAIN_MODE": "distributed",
                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": "t", **env},
                          Image(["pytorch"], ["native"]))
-    store = JobStore("127.0.0.1", port, "t", serve=rank == 0, timeout_s=10, op_timeout_s=5)
+    store = TcpJobStore("127.0.0.1", port, "t", serve=rank == 0, timeout_s=10, op_timeout_s=5)
     store.connect(deadline=time.monotonic() + 10)
-    assert store.claim(rank)
+    assert Members(store).claim(rank)
     return store, JobWatch(store, config, rank, Log(io.StringIO()), Signals())
 
 
@@ -46,7 +48,7 @@ def test_the_master_exits_after_its_worker_has_left():
     for t in threads:
         t.join(30)
     assert results["master"].state is NodeState.SUCCEEDED and results["worker"].state is NodeState.SUCCEEDED
-    assert master_store.done() and master_store.has_left(1)
+    assert Ends(master_store).done() and Ends(master_store).has_left(1)
     assert results["worker at"] <= results["master at"]
 
 
@@ -54,11 +56,11 @@ def test_a_worker_that_never_says_it_leaves_delays_the_master_by_leave_wait_s_on
     port = free_port()
     master_store, master = node(port, 0)
     worker_store, _ = node(port, 1)
-    worker_store.set_exit(1, Outcome.succeeded())     # its result is in, but it never reads job/done
+    Ends(worker_store).set_exit(1, Outcome.succeeded())     # its result is in, but it never reads job/done
     start = time.monotonic()
     outcome = finish_together(master, Outcome.succeeded())
     waited = time.monotonic() - start
-    assert outcome.state is NodeState.SUCCEEDED and master_store.done() and not master_store.has_left(1)
+    assert outcome.state is NodeState.SUCCEEDED and Ends(master_store).done() and not Ends(master_store).has_left(1)
     assert waited >= finish_module.LEAVE_WAIT_S
 
 
@@ -97,22 +99,23 @@ def test_a_master_that_ends_the_job_waits_at_most_grace_period_plus_leave_wait_s
     port = free_port()
     master_store, master = node(port, 0, GRACE_PERIOD="1")
     worker_store, _ = node(port, 1)
-    worker_store.beat(1)                                # joined, alive, never reads the abort
+    Heartbeats(worker_store, 5).beat(1)                                # joined, alive, never reads the abort
     start = time.monotonic()
     outcome = finish_together(master, Outcome.failed("node 0: rank 0 exited with code 3"))
     waited = time.monotonic() - start
-    assert outcome.reason == "node 0: rank 0 exited with code 3" and master_store.aborted() is not None
+    assert outcome.reason == "node 0: rank 0 exited with code 3" and Ends(master_store).aborted() is not None
     assert 1 + finish_module.LEAVE_WAIT_S - 0.5 <= waited <= 1 + finish_module.LEAVE_WAIT_S + 2, waited
 
 
 WORKER_BEHIND_A_TUNNEL = """
 import os, sys, time
-from entrypoint.store.tcp import JobStore
+from entrypoint.job.ends import Ends
 from entrypoint.security.secret import Identity
-store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=5,
+from entrypoint.store.tcp import TcpJobStore
+store = TcpJobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=5,
                  identity=Identity.derive(sys.argv[2].encode()))
 store.connect(deadline=time.monotonic() + 10)
-store.leave(1)
+Ends(store).leave(1)
 store.close()
 os._exit(0)                       # as a node ends: nothing after close() waits for the relay
 """
@@ -130,7 +133,7 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
 
     secret = "a-test-secret-of-32-characters!!"
     port = free_port()
-    master = JobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5,
+    master = TcpJobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5,
                       identity=Identity.derive(secret.encode()), say=lambda line: None)
     master.connect(deadline=time.monotonic() + 10)
     try:
@@ -138,18 +141,19 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
             master.store.delete_key(master.prefix + "node/1/left")
             subprocess.run([sys.executable, "-c", WORKER_BEHIND_A_TUNNEL, str(port), secret], check=True, timeout=60)
             deadline = time.monotonic() + 1.0
-            while not master.has_left(1) and time.monotonic() < deadline:
+            while not Ends(master).has_left(1) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert master.has_left(1)
+            assert Ends(master).has_left(1)
     finally:
         master.close()
 
 
 MASTER_BEHIND_A_GATE = """
 import sys, time
-from entrypoint.store.tcp import JobStore
+from entrypoint.job.ends import Ends
 from entrypoint.security.secret import Identity
-store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5,
+from entrypoint.store.tcp import TcpJobStore
+store = TcpJobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5,
                  identity=Identity.derive(sys.argv[2].encode()), say=lambda line: None)
 store.connect(deadline=time.monotonic() + 10)
 print("SERVING", flush=True)
@@ -158,12 +162,13 @@ time.sleep(600)
 
 WORKER_CLOSING_WHEN_TOLD = """
 import os, sys, time
-from entrypoint.store.tcp import JobStore
+from entrypoint.job.ends import Ends
 from entrypoint.security.secret import Identity
-store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=20,
+from entrypoint.store.tcp import TcpJobStore
+store = TcpJobStore("127.0.0.1", int(sys.argv[1]), "t", serve=False, timeout_s=10, op_timeout_s=20,
                  identity=Identity.derive(sys.argv[2].encode()))
 store.connect(deadline=time.monotonic() + 10)
-store.leave(1)
+Ends(store).leave(1)
 print("CONNECTED", flush=True)
 sys.stdin.readline()
 start = time.monotonic()

@@ -8,10 +8,10 @@ from testing.ports import free_port
 
 CONNECT_AND_COUNT = """
 import gc, json, sys, time
-from entrypoint.store.tcp import JobStore
+from entrypoint.store.tcp import TcpJobStore
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
-store = JobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5)
+store = TcpJobStore("127.0.0.1", int(sys.argv[1]), "t", serve=True, timeout_s=10, op_timeout_s=5)
 store.connect(deadline=time.monotonic() + 10)      # imports torch: the first thing a node does
 print(json.dumps({"full": len(full), "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
 """

@@ -93,7 +93,7 @@ def test_master_serves_store_and_horovod_rendezvous():
 
 def test_horovod_env_matches_what_horovodrun_sets():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    specs = plan_processes(p, at(1, nodes(2, 2), iface="eth0", horovod_addr="m", horovod_port=29501))
+    specs = plan_processes(p, at(1, nodes(2, 2), iface="eth0", server_addr="m", server_port=29501))
     assert [s.label for s in specs] == ["rank 2", "rank 3"]
     env = specs[1].env
     assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "m" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "29501"
@@ -116,7 +116,7 @@ def test_horovod_worker_takes_the_masters_slots_and_imports_no_horovod_runner():
     announced = json.loads(json.dumps(master.launcher.launch_env(nodes(2, 2))))     # through the store
     assert [e["HOROVOD_RANK"] for e in announced] == ["0", "1", "2", "3"]
     worker = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    where = dict(iface="eth0", horovod_addr="m", horovod_port=29501)
+    where = dict(iface="eth0", server_addr="m", server_port=29501)
     given = plan_processes(worker, at(1, nodes(2, 2), launch_env=tuple(announced), **where))
     assert given == plan_processes(worker, at(1, nodes(2, 2), **where))
     script = f"""
@@ -211,7 +211,7 @@ def test_mxnet_local_and_horovod():
     assert [s.label for s in specs] == ["scheduler", "server 0", "rank 0", "rank 1"]
     hvd = plan(FRAMEWORK="mxnet", LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m")
     assert hvd.launcher.ports_needed(master=True) == 0 and not hvd.launcher.numeric_addr
-    assert "HOROVOD_RANK" in plan_processes(hvd, at(0, nodes(1, 1), horovod_port=1))[0].env
+    assert "HOROVOD_RANK" in plan_processes(hvd, at(0, nodes(1, 1), server_port=1))[0].env
 
 
 def test_mxnet_parameter_servers_need_the_entrypoint_not_an_outer_launcher():
@@ -287,7 +287,7 @@ def test_interface_choice():
 
 def test_explain_shows_the_plan_without_starting_anything():
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="master", MASTER_ADDR="m", IB_HCA="mlx5_0:1")
-    text = explain(p, plan_processes(p, at(0, nodes(1, 1), horovod_port=29501)), {})
+    text = explain(p, plan_processes(p, at(0, nodes(1, 1), server_port=29501)), {})
     assert "Horovod" in text and "job store m:29500" in text and "NCCL_IB_HCA=mlx5_0:1" in text
 
 
@@ -295,7 +295,7 @@ def test_horovod_workers_also_get_torch_distributed_env():
     """A torch.distributed script under LAUNCHER=horovod joins one group (env://), on a port
     that is not the job store's."""
     p = plan(LAUNCHER="horovod", NUM_NODES=2, ROLE="worker", MASTER_ADDR="m", NPROC_PER_NODE=2)
-    specs = plan_processes(p, at(1, nodes(2, 2), horovod_addr="m", horovod_port=29501, master_port=40111))
+    specs = plan_processes(p, at(1, nodes(2, 2), server_addr="m", server_port=29501, master_port=40111))
     env = specs[0].env
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("m", "40111")
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("2", "4", "0")
@@ -305,7 +305,7 @@ def test_launched_processes_name_their_launcher_for_the_guard():
     for launcher in ("native", "horovod"):
         for framework in ("pytorch", "tensorflow"):
             p = plan(FRAMEWORK=framework, LAUNCHER=launcher, NPROC_PER_NODE=2)
-            specs = plan_processes(p, at(0, nodes(2, ports=2), horovod_addr="127.0.0.1", horovod_port=1,
+            specs = plan_processes(p, at(0, nodes(2, ports=2), server_addr="127.0.0.1", server_port=1,
                                          master_port=2))
             assert {s.env["DISTTRAIN_LAUNCHER"] for s in specs} == {launcher}
 
@@ -364,7 +364,7 @@ def test_horovod_stays_on_gloo_across_nodes_on_gpus_without_mpirun_or_when_asked
     assert isinstance(p.launcher, HorovodGloo) and p.rendezvous.horovod_server
     assert "Horovod over Gloo" in preflight_summary(p)
     [spec, *_] = plan_processes(p, at(0, nodes(*([1, 1] if case == "two nodes" else [p.nproc])),
-                                      horovod_addr="127.0.0.1", horovod_port=1))
+                                      server_addr="127.0.0.1", server_port=1))
     assert spec.env["HOROVOD_CONTROLLER"] == "gloo" and spec.argv[0] == "py"
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from ...running.specs import ProcessSpec
 from ..base import Launcher
-from .fixed import node_env
+from .fixed import ServesOnHorovodPort, node_env
 
 
 @dataclass(frozen=True)
-class HorovodElastic(Launcher):
+class HorovodElastic(ServesOnHorovodPort, Launcher):
     """hvd.elastic: workers are started on demand by Horovod's ElasticDriver on the master."""
     serves = False             # its driver serves its own rendezvous; the nodes exchange nothing
     transport = "Horovod over Gloo"
@@ -50,7 +50,9 @@ class HorovodElastic(Launcher):
         return ProcessSpec(f"rank {env['HOROVOD_RANK']}", self.script(plan.python), env)
 
     def runner(self, plan, job, base_env, log, signals):
+        from ...health.watching import watching
         from .elastic_driver import HorovodElasticNode
 
         log.say(f"running Horovod workers as the driver asks: {self.describe()}")
-        return HorovodElasticNode(job.store, plan, job.placement, base_env, log, signals, job.watch(serverless=False))
+        return HorovodElasticNode(job.store, plan, job.placement, base_env, log, signals,
+                                  watching(job, serverless=False))

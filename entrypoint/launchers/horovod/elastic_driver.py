@@ -1,4 +1,4 @@
-"""Elastic Horovod's machinery (launcher: horovod_elastic.py): Horovod's own ElasticDriver, fed by the job store.
+"""Elastic Horovod's machinery (launcher: elastic.py): Horovod's own ElasticDriver, fed by the job store.
 
 `horovodrun --host-discovery-script` runs horovod.runner.elastic.driver.ElasticDriver on
 the launching machine: it asks a HostDiscovery for the hosts, serves the elastic
@@ -30,6 +30,8 @@ import time
 from horovod.runner.elastic.discovery import HostDiscovery
 
 from ...contract.config import Config
+from ...job.ends import Ends
+from ...job.members import Members
 from ...job.watch import Heartbeats, JobWatch
 from ...running.log import Log
 from ...running.loop import POLL_INTERVAL, supervise
@@ -38,7 +40,7 @@ from ...running.signals import Signals
 from ...running.specs import ProcessSpec
 from ...running.supervisor import Children
 from ...security.tunnel import Gated, RequestTunnel
-from ...store.tcp import JobStore, StoreGone
+from ...store.transport import JobStore, StoreGone, read_json
 from .fixed import gloo_env, host_name, node_rank_of, slot_env
 from .rendezvous_server import HorovodRendezvous
 
@@ -57,16 +59,17 @@ class StoreDiscovery(HostDiscovery):
 
     def __init__(self, store: JobStore, config: Config):
         super().__init__()
-        self.store, self.config = store, config
+        self.config = config
+        self.members, self.ends = Members(store), Ends(store)
         self.heartbeats = Heartbeats(store, config.peer_timeout)
 
     def alive(self, rank: int) -> bool:
-        return self.store.exit(rank) is None and not self.heartbeats.silent(rank)
+        return self.ends.exit(rank) is None and not self.heartbeats.silent(rank)
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         found = {}
-        for k in range(self.store.highest_rank(self.config.most_nodes) + 1):
-            info = self.store.node_info(k) if self.store.claimed(k) else None
+        for k in range(self.members.highest_rank(self.config.most_nodes) + 1):
+            info = self.members.node_info(k) if self.members.claimed(k) else None
             if info is not None and self.alive(k):
                 found[host_name(k)] = info.nproc
         return found
@@ -172,7 +175,7 @@ class HorovodElasticDriver:
             key = _order_key(host, self.store.add(f"hvd/{host}/orders", 1))
             self.store.set(key, json.dumps({"env": env}))
             while True:
-                code = self.store.find(f"{key}/exit")
+                code = self.store.get(f"{key}/exit")
                 if code is not None:
                     return int(code), time.time()
                 if not stop_sent and any(event.is_set() for event in events):
@@ -215,7 +218,7 @@ class HorovodElasticNode:
         if self.store.identity is None:
             return None
         if self.plan.config.role == "master":
-            return self.placement.horovod_addr, self.placement.horovod_port
+            return self.placement.server_addr, self.placement.server_port
         if self.tunnel is None:
             port = int(order_env["HOROVOD_GLOO_RENDEZVOUS_PORT"])
             self.tunnel = RequestTunnel(self.plan.config.master_addr, port,
@@ -227,7 +230,7 @@ class HorovodElasticNode:
         try:
             self._take_orders()
             self._report_exits()
-            result = self.store.find("hvd/result")
+            result = self.store.get("hvd/result")
             if result is not None:
                 return Outcome.from_json(result)
         except StoreGone as exc:
@@ -246,7 +249,7 @@ class HorovodElasticNode:
         store's one thread, which the driver needs to write it)."""
         count = self.store.add(f"hvd/{self.host}/orders", 0)
         for i in range(len(self.orders) + 1, count + 1):
-            order = self.store.get_json(_order_key(self.host, i))
+            order = read_json(self.store, _order_key(self.host, i))
             if order is None:
                 return
             spec = self.plan.launcher.ordered(self.plan, self.placement, order["env"], self._rendezvous(order["env"]))

@@ -74,8 +74,21 @@ def node_env(iface: str | None, node_rank: int) -> dict[str, str]:
     return {**iface_env(iface), "HOROVOD_GLOO_IFACE": iface or "lo", "NODE_RANK": str(node_rank)}
 
 
+class ServesOnHorovodPort:
+    """A Horovod launcher's server on the master (its rendezvous, or its elastic driver's)
+    listens on HOROVOD_PORT."""
+
+    @property
+    def server_port(self) -> int:
+        return self.config.horovod_port
+
+    @property
+    def server_text(self) -> str:
+        return f"Horovod's rendezvous on HOROVOD_PORT={self.config.horovod_port}"
+
+
 @dataclass(frozen=True)
-class HorovodGloo(Launcher):
+class HorovodGloo(ServesOnHorovodPort, Launcher):
     exchange = True
     serves = True
     transport = "Horovod over Gloo"
@@ -112,7 +125,7 @@ class HorovodGloo(Launcher):
         so a torch.distributed script under LAUNCHER=horovod joins one group too: rank 0 is on
         the master (Horovod's host assignment), which serves it on the placement's master_port."""
         c, node_rank = self.config, placement.node_rank
-        addr = placement.horovod_addr or c.master_addr
+        addr = placement.server_addr or c.master_addr
         procs = []
         for slot in placement.launch_env or slot_envs(placement.nodes):   # the master's, or (dry run) our own
             if slot["HOROVOD_HOSTNAME"] != host_name(node_rank):
@@ -121,11 +134,10 @@ class HorovodGloo(Launcher):
             env = {**plan.env, **node_env(placement.iface, node_rank),
                    **rank_env(rank, int(slot["HOROVOD_SIZE"]), int(slot["HOROVOD_LOCAL_RANK"]),
                               int(slot["HOROVOD_LOCAL_SIZE"]), node_rank),
-                   **gloo_env(addr, placement.horovod_port or c.horovod_port), **slot,
+                   **gloo_env(addr, placement.server_port or c.horovod_port), **slot,
                    **self.torch_store_env(placement, addr)}
             procs.append(ProcessSpec(f"rank {rank}", self.script(plan.python), env))
         return tagged(procs, c.launcher)
-
 
     def torch_store_env(self, placement, addr: str) -> dict[str, str]:
         """torch.distributed's env:// store: served by rank 0 on the placement's master_port;

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ...health.watching import watching
 from ...running.log import Log
 from ...running.loop import POLL_INTERVAL, Watch, supervise
 from ...running.outcome import NodeState, Outcome
@@ -317,4 +318,4 @@ class TorchrunAgent(Torchrun):
         token = new_token()
         stores = WorkersStores(job.store) if launch.workers_stores else None
         return InProcessTorchrun(launch, plan.python, self.config.grace_period, log, signals=signals, token=token,
-                                 watch=job.watch(serverless=False, token=token, agent_in_process=True), stores=stores)
+                                 watch=watching(job, serverless=False, token=token, agent_in_process=True), stores=stores)
