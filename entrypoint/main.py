@@ -6,7 +6,7 @@
 The image runs this under `tini -g`. It reads only environment variables (config.py,
 docs/configuration.md), plans the launch (plan.py: one launcher from launchers/), joins the
 other nodes (join.py), runs the launcher's runner over the node's processes
-(supervision.py's loop) while watching the job (watch.py), finishes together with the
+(running/loop.py) while watching the job (job/watch.py), finishes together with the
 other nodes (finish.py), and exits with the node's Outcome (outcome.py). If the first argument is a program (arguments.py), it runs
 that instead, with the environment the training would get. With EXPLAIN=1 or --dry-run it
 prints the plan and starts nothing. Bad input: one line on stderr, exit code 2, nothing

@@ -152,7 +152,7 @@ def _hardware_warnings(config: Config, hw: Hardware, accel: Accelerator, nproc: 
 
 
 def _driver_warnings(hw: Hardware, accel: Accelerator, image: Image) -> list[str]:
-    """On a GPU host, the NVIDIA driver against the image's CUDA (driver.py): too old stops
+    """On a GPU host, the NVIDIA driver against the image's CUDA (machine/nvidia_driver.py): too old stops
     here, in one line; older than the CUDA's own driver is a warning."""
     if accel.kind != "gpu" or not hw.gpus or not image.cuda or not hw.nvidia_driver:
         return []

@@ -195,6 +195,18 @@ class Jobs:
                 pass
 
 
+def lose_a_worker(job: list[Node], timeout: float = 60) -> tuple[int, float]:
+    """Once the master trains, every process of the last node dies at once (SIGKILL, as
+    `docker kill`): the master's exit code, and the seconds from the kill to its end."""
+    master, worker = job[0], job[-1]
+    wait_for(master, "TRAINING", 120)
+    time.sleep(2)
+    killed_at = time.monotonic()
+    worker.kill_tree()
+    code = master.wait(timeout=timeout)
+    return code, time.monotonic() - killed_at
+
+
 def wait_for_any(job: list[Node], text: str, timeout: float) -> None:
     """`text` in any node's output: lines of global rank 0, which an elastic launcher may
     place on any node."""

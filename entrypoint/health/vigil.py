@@ -3,7 +3,7 @@
 Every node has a Vigil over its own ranks (progress.py: the files its processes write) and
 answers a hang with their stacks. The node that decides (the master, or the one node of a
 local job) has a Decider: once a second it looks at every rank of the job, logs stragglers
-(hangs.py), writes the status (status.py), and when a rank goes HANG_TIMEOUT seconds without
+(hangs.py), writes the status (disttrain/status.py), and when a rank goes HANG_TIMEOUT seconds without
 progress it runs an incident:
 
 1. it announces the incident (job/hang) and dumps its own ranks' stacks; every other node,

@@ -1,17 +1,17 @@
 """The launchers: one class per way of starting a node's processes (base.py's interface),
 and `choose`, the one place that decides which one runs.
 
-    module             class          when
-    direct.py          Direct         an outer launcher started this process as one rank
-    xla.py             XlaHost        PyTorch/XLA with one process per host (TPU, XLA's CPU client)
-    mpi.py             Mpirun         LAUNCHER=mpi
-    horovod.py         HorovodMpi     LAUNCHER=horovod on one CPU node with mpirun and MPI in Horovod
-                       HorovodGloo    LAUNCHER=horovod otherwise, fixed size
-    horovod_elastic.py HorovodElastic LAUNCHER=horovod with MIN_NODES/MAX_NODES
-    torchrun.py        Torchrun       PyTorch on one node (and PyTorch/XLA with a process per chip)
-    torchrun_agent.py  TorchrunAgent  PyTorch across nodes: torch's agent inside the entrypoint
-    tensorflow.py      TfConfig       TensorFlow and Keras: TF_CONFIG strategies
-    mxnet.py           MxnetPs        MXNet: its parameter servers
+    module                   class          when
+    direct.py                Direct         an outer launcher started this process as one rank
+    xla.py                   XlaHost        PyTorch/XLA with one process per host (TPU, XLA's CPU client)
+    mpi.py                   Mpirun         LAUNCHER=mpi
+    horovod/fixed.py         HorovodMpi     LAUNCHER=horovod on one CPU node with mpirun and MPI in Horovod
+                             HorovodGloo    LAUNCHER=horovod otherwise, fixed size
+    horovod/elastic.py       HorovodElastic LAUNCHER=horovod with MIN_NODES/MAX_NODES
+    torchrun/launch.py       Torchrun       PyTorch on one node (and PyTorch/XLA with a process per chip)
+    torchrun/agent.py        TorchrunAgent  PyTorch across nodes: torch's agent inside the entrypoint
+    tensorflow.py            TfConfig       TensorFlow and Keras: TF_CONFIG strategies
+    mxnet.py                 MxnetPs        MXNet: its parameter servers
 
 Modules that import a framework (Horovod's elastic driver) are imported only when chosen.
 """

@@ -39,7 +39,7 @@ class Watch(Protocol):
     has_peers: bool                  # other nodes share the job (JobWatch), or this node is alone
 
     def show_status(self) -> None:
-        """SIGUSR1: the job's status, in the log (status.py)."""
+        """SIGUSR1: the job's status, in the log (disttrain/status.py)."""
 
 
 class Supervised(Protocol):

@@ -1,6 +1,6 @@
 """SIGTERM and SIGINT, recorded rather than acted on: whatever runs (joining, supervising,
 waiting for the others) looks at `received` and ends in its own way. SIGUSR1 asks for the
-job's status (status.py) in the log: the supervision loop shows it."""
+job's status (disttrain/status.py) in the log: the supervision loop shows it."""
 
 from __future__ import annotations
 

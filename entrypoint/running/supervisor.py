@@ -14,7 +14,7 @@ period, the log, what it watches (the job, through `Watch`) and the signals it o
 * The first critical process to fail stops the others; its outcome is the node's.
 * The watch is asked about once a second whether the node must stop (another node
   failed, the master is gone, the job finished for a node that only serves): the loop
-  is supervision.py's, shared by every runner.
+  is loop.py's, shared by every runner.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 class Supervisor:
-    """The runner of planned processes (supervision.py's loop, with Children)."""
+    """The runner of planned processes (loop.py's loop, with Children)."""
 
     def __init__(self, processes: list[ProcessSpec], base_env: dict[str, str], grace_period: float,
                  log: Log, watch: Watch | None = None, signals: Signals | None = None, token: str | None = None):

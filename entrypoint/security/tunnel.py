@@ -12,7 +12,7 @@ address (then at most one a minute for it, with the count).
 A Gate may carry more than one backend: a Tunnel names the one it wants in its TLS server
 name (SNI), and the Gate relays it there if it has a route by that name (`route()`); other
 names go to the Gate's own backend. The per-round stores of torchrun's workers
-(workerstores.py) are reached so, through MASTER_PORT's Gate.
+(launchers/torchrun/worker_stores.py) are reached so, through MASTER_PORT's Gate.
 
 Clients that open a connection per HTTP request (Horovod's rendezvous: a worker polls it
 every 10 ms while Gloo connects) would pay a TLS handshake per request through a Tunnel. A

@@ -201,7 +201,7 @@ class TcpJobStore(JobStore):
         while True:
             op, args, reply = self._ops.get()
             try:
-                reply.put((True, getattr(self.store, op)(*args)))
+                reply.put((True, op(*args)))
             except (RuntimeError, ValueError, OSError) as exc:   # DistStoreError, DistNetworkError
                 reply.put((False, _first_line(exc)))
 
@@ -213,7 +213,7 @@ class TcpJobStore(JobStore):
         if self.store is None:
             raise StoreGone(f"not connected to the job store at {self.endpoint}")
         reply: queue.Queue = queue.Queue(1)
-        self._ops.put((op, args, reply))
+        self._ops.put((getattr(self.store, op), args, reply))
         try:
             ok, value = reply.get(timeout=timeout_s or self.op_timeout_s)
         except queue.Empty:

@@ -10,13 +10,12 @@ skipped, saying so.
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
-from testing.cluster import wait_for
+from testing.cluster import lose_a_worker
 from testing.results import check_trained
 
 pytestmark = pytest.mark.e2e
@@ -69,14 +68,9 @@ def test_mxnet_trains_behind_a_secret(jobs, launcher):
 def test_killed_worker_ends_every_process_within_30s(jobs, launcher):
     job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
                     python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher)
-    master, worker = job
-    wait_for(master, "TRAINING", 120)
-    time.sleep(2)
-    killed_at = time.monotonic()
-    worker.kill_tree()
-    code = master.wait(timeout=60)
+    code, seconds = lose_a_worker(job)
     assert code != 0
-    assert time.monotonic() - killed_at < 30, master.output[-3000:]
+    assert seconds < 30, job[0].output[-3000:]
 
 
 def test_a_stalled_mxnet_worker_is_named_and_the_job_ends_with_124(jobs, tmp_path):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from testing.cluster import Node, wait_for
+from testing.cluster import Node, lose_a_worker, wait_for
 from testing.results import check_trained, results
 
 pytestmark = pytest.mark.e2e
@@ -143,14 +143,9 @@ def test_ranks_are_assigned_at_rendezvous_without_node_rank(jobs):
 def test_killed_worker_ends_every_process_within_30s(jobs, framework, launcher):
     job = jobs.start(2, ["--steps", "100000", "--step-delay", "0.01", "--checkpoint-every", "1000000"],
                     FRAMEWORK=framework, LAUNCHER=launcher)
-    master, worker = job
-    wait_for(master, "TRAINING", 120)
-    time.sleep(2)
-    killed_at = time.monotonic()
-    worker.kill_tree()
-    code = master.wait(timeout=60)
+    code, seconds = lose_a_worker(job)
     assert code != 0
-    assert time.monotonic() - killed_at < 30, master.output[-3000:]
+    assert seconds < 30, job[0].output[-3000:]
 
 
 def test_sigterm_stops_the_node_within_the_grace_period(jobs):

@@ -1,5 +1,5 @@
 """LAUNCHER=horovod with MIN_NODES/MAX_NODES: elastic Horovod (hvd.elastic) without SSH or
-horovodrun. Horovod's ElasticDriver runs on the master (horovod_driver.py) and orders
+horovodrun. Horovod's ElasticDriver runs on the master (elastic_driver.py) and orders
 workers through the job store; every node's entrypoint starts the ones ordered for it,
 with the same Horovod environment builders as fixed-size jobs (horovod.py)."""
 

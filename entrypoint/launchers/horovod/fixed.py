@@ -2,10 +2,10 @@
 
 Across nodes (and on one node with HOROVOD_CONTROLLER=gloo, on GPUs, or without mpirun):
 Horovod's Gloo controller. The master's entrypoint serves Horovod's own HTTP rendezvous
-(horovod_server.py) with Horovod's host assignment for the nodes that joined, and every
+(rendezvous_server.py) with Horovod's host assignment for the nodes that joined, and every
 node starts its workers with the environment horovodrun would give them: Horovod's
 `create_slot_env_vars` for the slot, and the Gloo rendezvous variables (`gloo_env`), the
-same builders the elastic launcher uses (horovod_elastic.py). As in the elastic launcher,
+same builders the elastic launcher uses (elastic.py). As in the elastic launcher,
 the master builds every slot's variables once (`slot_envs`) and announces them with the
 launch, so the workers import nothing of Horovod's runner (its `gloo_run` module alone
 costs a node 0.03-0.1 s of start-up).

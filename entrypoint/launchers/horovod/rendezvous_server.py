@@ -3,8 +3,8 @@
 horovodrun starts `RendezvousServer` on a random port and reaches the workers over SSH.
 Containers have neither, so the master's entrypoint runs Horovod's server classes itself
 on HOROVOD_PORT and every node starts its workers with the HOROVOD_* environment that
-horovodrun would have given them (horovod.py). For elastic jobs the handler
-is Horovod's elastic one, bound to its ElasticDriver (horovod_elastic.py).
+horovodrun would have given them (fixed.py). For elastic jobs the handler
+is Horovod's elastic one, bound to its ElasticDriver (elastic_driver.py).
 
 Like Horovod's RendezvousServer: `start(handler)`, then `init(host assignments)`, `stop()`.
 """

@@ -9,7 +9,7 @@ or the job watch), as torchrun stops on SIGTERM, shutting its workers down with 
 and GRACE_PERIOD before SIGKILL, and leaving the rendezvous open for the nodes that stay.
 
 The agent runs on a thread of its own; this thread supervises it in the one supervision
-loop (supervision.py), as Supervisor does its processes: the signals, the job watch once a
+loop (running/loop.py), as Supervisor does its processes: the signals, the job watch once a
 second, the agent's result. What the
 supervisor gives each process, the workers get here too: the node token (in this process's
 environment, which the agent's workers inherit; the sentinel ends them if this process is
@@ -104,7 +104,7 @@ def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores
     MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
     under keys of our own in the round's store.
 
-    `stores` (behind JOB_SECRET, workerstores.WorkersStores): the workers' store is the
+    `stores` (behind JOB_SECRET, worker_stores.WorkersStores): the workers' store is the
     round's own store on the master, reached on this node's loopback; every worker is a
     client (use_agent_store), and no process serves one of its own."""
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
@@ -197,7 +197,7 @@ class InProcessTorchrun:
     def __init__(self, launch: TorchrunLaunch, python: str, grace_period: float, log: Log,
                  watch: Watch | None = None, signals: Signals | None = None, token: str | None = None,
                  stores=None):
-        """`stores`: the workers' stores behind JOB_SECRET (workerstores.WorkersStores)."""
+        """`stores`: the workers' stores behind JOB_SECRET (worker_stores.WorkersStores)."""
         self.launch, self.python, self.grace, self.log = launch, python, grace_period, log
         self.stores = stores
         self.watch = watch
@@ -303,7 +303,7 @@ class InProcessTorchrun:
 
 @dataclass(frozen=True)
 class TorchrunAgent(Torchrun):
-    """Across nodes: torch's elastic agent runs inside the entrypoint (torchrun_agent.py),
+    """Across nodes: torch's elastic agent runs inside the entrypoint (this module),
     which has imported torch for the job store already, rather than in a second process
     that imports it again."""
 

@@ -4,7 +4,7 @@ agent inside the entrypoint, c10d on the job store).
 Everything the entrypoint tells torchrun is one typed value, the TorchrunLaunch: the seam to
 torch's agent. `argv` renders it as the command line of a torchrun subprocess, which the
 supervisor runs; across nodes, torch's own parser reads the same command line back into
-its LaunchConfig (torchrun_agent.py). Each field is one of torchrun's options
+its LaunchConfig (agent.py). Each field is one of torchrun's options
 (torch.distributed.run) and, equally, one of torch.distributed.launcher.api.LaunchConfig's.
 
 The rendezvous settings (rdzv_conf) decide how fast an elastic job notices a change:
@@ -47,7 +47,7 @@ class TorchrunLaunch:
     local_addr: str | None = None             # where the other nodes reach this one
     monitor_interval: float = MONITOR_INTERVAL_S
     node_rank: int | None = None              # fixed-size, agent in the entrypoint: nodes in this order
-    workers_stores: bool = False              # behind JOB_SECRET: a store per round on the master (workerstores.py)
+    workers_stores: bool = False              # behind JOB_SECRET: a store per round on the master (worker_stores.py)
 
     @property
     def elastic(self) -> bool:
@@ -129,7 +129,7 @@ class Torchrun(Launcher):
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         # Behind JOB_SECRET, this node reaches the job store through its tunnel, and the
         # workers' torch.distributed store is a fresh one per round on the master, behind its
-        # Gate (workerstores.py): torch would serve one on every interface of rank 0's node.
+        # Gate (worker_stores.py): torch would serve one on every interface of rank 0's node.
         workers_stores = bool(placement.store_endpoint) and self.in_process
         if workers_stores:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"        # torch serves no store of its own
@@ -137,7 +137,7 @@ class Torchrun(Launcher):
         # The address the others reach this node at (torchrun's default, the FQDN, may not
         # resolve elsewhere). torchrun orders the nodes by these addresses; a fixed-size job
         # under the agent in the entrypoint orders them by node rank instead (rank 0 on the
-        # master: torchrun_agent._in_job_order); elastic jobs keep torchrun's order.
+        # master: agent._in_job_order); elastic jobs keep torchrun's order.
         return TorchrunLaunch(
             nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
             rdzv_endpoint=placement.store_endpoint or self.endpoint,
