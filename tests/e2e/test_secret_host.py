@@ -21,8 +21,7 @@ from entrypoint.running.outcome import Outcome
 from entrypoint.store.transport import job_prefix
 from tests.conftest import ROOT
 from testing.cluster import Node, wait_for, wait_for_any
-from testing.results import changes, results
-from tests.e2e.test_training_host import check_trained
+from testing.results import changes, check_trained, results
 
 pytestmark = pytest.mark.e2e
 
