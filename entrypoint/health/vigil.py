@@ -41,8 +41,8 @@ def library_roots() -> tuple[str, ...]:
     """Where code that is not the user's lives: the standard library, site-packages, the image's own."""
     paths = sysconfig.get_paths()
     roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    here = os.path.dirname(os.path.abspath(__file__))
-    roots |= {here, os.path.join(os.path.dirname(here), "disttrain")}
+    app = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # above entrypoint/
+    roots |= {os.path.join(app, "entrypoint"), os.path.join(app, "disttrain")}
     return tuple(sorted(r.rstrip("/") + "/" for r in roots))
 
 

@@ -183,3 +183,11 @@ def test_a_process_reports_its_steps_and_dumps_its_stack(tmp_path):
     assert folder.read() == []                       # a dead process is no rank
     folder.close()
     assert not os.path.exists(folder.path)
+
+
+def test_the_images_own_code_counts_as_library_code():
+    """Frames in the entrypoint and disttrain are never named as the user's line."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert {f"{root}/entrypoint/", f"{root}/disttrain/"} <= set(library_roots())
