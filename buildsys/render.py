@@ -130,6 +130,10 @@ def labels(v: Variant) -> list[tuple[str, str]]:
     return result
 
 
+# DATA_DIR / CHECKPOINT_DIR in a bucket (entrypoint/storage/): boto3 and its s3transfer.
+STORAGE_CLIENT = "boto3>=1.34,<2"
+
+
 def requirements(v: Variant) -> dict[str, str]:
     """requirements/{runtime,runtime-nodeps,build}.txt for pip (see install-requirements.sh)."""
     runtime = ["# Installed with dependencies, in the builder and the runtime stage.", "psutil>=5.9",
@@ -183,6 +187,13 @@ def runtime_apt(v: Variant) -> list[str]:
         # libquadmath; the builder has them through build-essential, the runtime would not.
         packages += ["libgomp1", "libquadmath0"]
     return packages
+
+
+def storage_requirements() -> str:
+    """storage.txt: the bucket client's layer, after the frameworks and held to what they
+    installed. Outside requirements/ (which the frameworks' stage mounts), so that a newer
+    client reinstalls no framework."""
+    return f"# DATA_DIR / CHECKPOINT_DIR in a bucket (entrypoint/storage/).\n{STORAGE_CLIENT}\n"
 
 
 def torch_extras(v: Variant) -> str | None:
@@ -314,6 +325,7 @@ def render_context(v: Variant, cuda_variants: dict[str, str] | None = None) -> l
         File("wheelhouse/README", b"Local wheels for pip --find-links; filled by `build.py build --wheelhouse`.\n"),
     ]
     files += [File(f"requirements/{name}", text.encode()) for name, text in requirements(v).items()]
+    files.append(File("storage.txt", storage_requirements().encode()))
     if torch_extras(v):
         files.append(File("torch-extras.txt", torch_extras(v).encode()))
     files += _tree(REPO_ROOT / "images" / "scripts", "scripts", (".sh",))

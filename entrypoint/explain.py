@@ -44,6 +44,34 @@ def control_plane(plan: NodePlan) -> str:
             + (f"; not covered: {'; '.join(still_open)}" if still_open else ""))
 
 
+def credentials_source(env: dict[str, str]) -> str:
+    """Where boto3 will find the credentials, by the variables' names only (never a value)."""
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY" + (" + AWS_SESSION_TOKEN" if env.get("AWS_SESSION_TOKEN") else "")
+    if env.get("AWS_ROLE_ARN") and env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return "web identity (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE: EKS/IRSA)"
+    if env.get("AWS_PROFILE"):
+        return f"AWS_PROFILE={env['AWS_PROFILE']} (the shared files)"
+    return "boto3's chain (the shared files, a container or instance role)"
+
+
+def storage_lines(c, env: dict[str, str]) -> list[str]:
+    """The buckets and the node's folders for them (docs/storage.md)."""
+    if not (c.data_url or c.checkpoint_url):
+        return []
+    lines = []
+    if c.data_url:
+        lines.append(f"  data:        {c.data_url} -> {c.data_dir}: staged once per node before the ranks start "
+                     f"(files cached with the same size and ETag are kept)")
+    if c.checkpoint_url:
+        lines.append(f"  checkpoints: {c.checkpoint_dir} -> {c.checkpoint_url}: the newest complete checkpoint "
+                     f"fetched before the ranks start; each finished file uploaded in the background, flushed "
+                     f"at the end (GRACE_PERIOD={c.grace_period}s after a stop)")
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+    lines.append(f"  store:       {endpoint}; credentials: {credentials_source(env)}")
+    return lines
+
+
 def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[str, str]) -> str:
     c = plan.config
     lines = [f"disttrain launch plan ({plan.mode})",
@@ -56,7 +84,7 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
              + (f", PJRT_DEVICE={plan.accelerator.pjrt_device}" if plan.accelerator.xla else "")
              + (f"; {plan.hardware.tpu_text()}" if plan.hardware and plan.accelerator.kind == "tpu" else ""),
              f"  starts:      {plan.starts}",
-             f"  watches:     {watches(c)}"]
+             f"  watches:     {watches(c)}"] + storage_lines(c, base_env)
     if plan.rendezvous:
         r = plan.rendezvous
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]

@@ -35,6 +35,8 @@ from .running.log import Log
 from .running.outcome import Outcome
 from .running.signals import Signals
 from .security.secret import Identity, read_secret
+from .storage.client import StorageError
+from .storage.node import NodeStorage
 
 EXIT_BAD_INPUT = 2
 DEFAULT_SCRIPT = next(v.default for v in VARIABLES if v.name == "ENTRYPOINT")
@@ -74,13 +76,34 @@ def job_identity(plan: NodePlan) -> Identity | None:
     return Identity.derive(secret) if secret is not None else None
 
 
+def prepare_folders(plan: NodePlan, env: dict[str, str], args: list[str]) -> tuple[NodePlan, list[str]]:
+    """The folders the node writes, checked or redirected (writable_dirs.py); with a bucket
+    URL and an unwritable default CACHE_DIR, the plan again with the fallback folder."""
+    said = []
+    if plan.config.data_url or plan.config.checkpoint_url:
+        if (fallback := writable_dirs.object_cache(env, plan.config.cache_dir)) is not None:
+            said.append(f"CACHE_DIR={plan.config.cache_dir} is not writable by uid {os.getuid()}: the node-local "
+                        f"copies of the buckets go to {fallback} (mount a volume at CACHE_DIR to keep them)")
+            os.environ["CACHE_DIR"] = env["CACHE_DIR"] = fallback
+            plan = build_plan(env, args)
+    return plan, said + writable_dirs.prepare(env, plan.config.checkpoint_dir)
+
+
 # --------------------------------------------------------------------------- running
 
-def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None = None) -> Outcome:
+def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None = None,
+             storage: NodeStorage | None = None) -> Outcome:
     """Join the job (or, locally, nothing to join), run this node's processes with the
     launcher's runner, and finish together with the other nodes. `identity`: the job's
-    secret (JOB_SECRET), for its control plane."""
+    secret (JOB_SECRET), for its control plane; `storage`: its buckets, whose uploads are
+    flushed once the processes have ended."""
     signals = Signals().install()
+    outcome = _run_node(plan, env, log, identity, storage, signals)
+    return storage.finish(outcome, signals.received_at, log.say) if storage else outcome
+
+
+def _run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None,
+              storage: NodeStorage | None, signals: Signals) -> Outcome:
     job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals, identity)
     c = plan.config
     # The processes report their steps here (vigil.py), unless both detections are off.
@@ -93,6 +116,8 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity |
             joined = dataclasses.replace(job.join(), progress=progress)
         except NotJoined as exc:
             return exc.outcome
+        if storage:
+            storage.start_mirror(joined.placement.node_rank, log.say)
         store = joined.placement.store_endpoint
         if store and "DISTTRAIN_JOB_STORE" in plan.env:     # behind JOB_SECRET: this node's tunnel
             plan = dataclasses.replace(plan, env={**plan.env, "DISTTRAIN_JOB_STORE": store})
@@ -139,7 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (dry_run or plan.config.explain):
             check_script(plan)
         identity = job_identity(plan)
-        redirected = [] if dry_run or plan.config.explain else writable_dirs.prepare(env, plan.config.checkpoint_dir)
+        redirected, storage = [], None
+        if not (dry_run or plan.config.explain):
+            plan, redirected = prepare_folders(plan, env, args)
+            if plan.mode == "direct" and plan.config.checkpoint_url:
+                raise ConfigError(f"CHECKPOINT_DIR={str(plan.config.checkpoint_url)!r}: a rank started by an outer "
+                                  f"launcher (mpirun, srun) has no node process to upload it; use the image's "
+                                  f"launcher (LAUNCHER=mpi, or one container per node) or a shared folder")
+            storage = NodeStorage.prepare(plan.config, env)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT
@@ -160,13 +192,24 @@ def main(argv: list[str] | None = None) -> int:
     for warning in plan.warnings:
         log.say(f"WARNING: {warning}")
     if plan.mode == "direct":       # one rank of an outer launcher: the script takes this process's place
+        try:
+            if storage:             # each rank in turn (a lock): the first fetches, the others find it cached
+                storage.before_ranks(log.say)
+        except (ConfigError, StorageError) as exc:
+            log.say(str(exc), error=True)
+            return EXIT_BAD_INPUT if isinstance(exc, ConfigError) else 1
         return plan.launcher.runner(plan, JoinedJob(assumed_placement(plan)), env, log, None).run()
     started = time.monotonic()
     try:
-        outcome = run_node(plan, {k: v for k, v in env.items() if k != "JOB_SECRET"}, log, identity)
+        if storage:
+            storage.before_ranks(log.say)
+        outcome = run_node(plan, {k: v for k, v in env.items() if k != "JOB_SECRET"}, log, identity, storage)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT
+    except StorageError as exc:
+        log.say(str(exc), error=True)
+        return 1
     log.say(f"done: exit {outcome.code} after {time.monotonic() - started:.1f}s")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -144,11 +144,13 @@ class Jobs:
               order: list[int] | None = None, addrs: list[str] | None = None, **env) -> list[Node]:
         """`nodes` nodes of one job. `restart`: every node restarts on failure, as under
         compose/restart.yml. `order`: the node ranks in the order they start (default: the
-        master first); `addrs`: each node's NODE_ADDR (default 127.0.0.<k+1>)."""
+        master first); `addrs`: each node's NODE_ADDR (default 127.0.0.<k+1>). "{node}" in
+        a value becomes the node's rank (a folder of its own: CACHE_DIR=.../cache{node})."""
         port = free_port()
         started: dict[int, Node] = {}
         for k in order or range(nodes):
-            node_env = base_env(self.tmp, **loopback_env(k, nodes, port, addrs, **{"HOROVOD_PORT": free_port(), **env}))
+            mine = {name: str(value).replace("{node}", str(k)) for name, value in env.items()}
+            node_env = base_env(self.tmp, **loopback_env(k, nodes, port, addrs, **{"HOROVOD_PORT": free_port(), **mine}))
             kind = RestartingNode if restart else Node
             started[k] = kind(node_env, args, self.tmp / f"node{k}.log", python=python)
             if order and k != order[-1]:

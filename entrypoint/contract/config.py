@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .manifest import Image
+from .urls import BucketUrl, UrlError, has_scheme, parse_bucket_url
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras", "mxnet")
 TRAIN_MODES = ("local", "distributed")
@@ -218,10 +219,22 @@ VARIABLES = (
     Var("SYNC_PERIOD", Int(1), "8", 'PyTorch `async`: steps between model averages'),
     Var("NUM_PS", Int(1), "1", 'TF `async`, MXNet `native`: parameter servers on the master'),
     Var("ENTRYPOINT", Text(), "/app/code/train.py", 'the script; arguments after the image name pass through'),
-    Var("DATA_DIR", Text(), "/app/data", 'dataset folder, passed to the script'),
+    Var("DATA_DIR", Text(), "/app/data",
+        'dataset folder, passed to the script; or `s3://BUCKET/PREFIX` (any S3-compatible store): '
+        'staged once per node into `CACHE_DIR` before the ranks start, and the script gets that '
+        'folder (docs/storage.md)'),
     Var("CHECKPOINT_DIR", Text(), "/app/checkpoints", 
         'checkpoints (rank 0 writes replicated state, every rank its own shards; every rank '
-        'resumes) and Keras backups'),
+        'resumes) and Keras backups; or `s3://BUCKET/PREFIX`: the script writes to a folder in '
+        '`CACHE_DIR`, each finished file is uploaded in the background, and a fresh node resumes '
+        'from the bucket (docs/storage.md)'),
+    Var("CACHE_DIR", Text(r"^/.*$", "must be an absolute path"), "/app/cache",
+        'node-local folder for the copies of `s3://` data and checkpoints (mount a volume to keep '
+        'it across restarts); default: `/app/cache`, or a temporary folder when that cannot be '
+        'written (a read-only container)'),
+    Var("S3_ADDRESSING_STYLE", Choice(("auto", "path", "virtual")), None,
+        "`s3://` URLs: `path` (MinIO, SeaweedFS, Ceph), `virtual` (OSS, GCS); default: botocore's "
+        '`auto` (`virtual` for `oss://`)'),
     Var("MIN_NODES", Int(1), None, 
         'elastic PyTorch: `torchrun --nnodes=MIN:MAX`; PyTorch, TensorFlow or Keras: Horovod '
         'elastic with `LAUNCHER=horovod` (docs/operations.md)'),
@@ -363,6 +376,10 @@ class Config:
     hang_timeout: int = 300
     straggler_factor: float = 1.5
     straggler_window: int = 60
+    cache_dir: str = "/app/cache"
+    s3_addressing_style: str | None = None
+    data_url: BucketUrl | None = None        # DATA_DIR=s3://...: data_dir is its node-local copy
+    checkpoint_url: BucketUrl | None = None  # CHECKPOINT_DIR=s3://...: checkpoint_dir is its local folder
     job_secret: str | None = field(default=None, repr=False)   # read through secret.read_secret
     job_secret_file: str | None = None
     script_args: tuple[str, ...] = ()
@@ -564,10 +581,28 @@ def nccl_settings(v: Values, env: dict) -> Values:
     return {"nccl_env": wanted}
 
 
+def object_storage(v: Values, env: dict) -> Values:
+    """DATA_DIR and CHECKPOINT_DIR as bucket URLs: each becomes a folder in CACHE_DIR, and
+    the URL is kept beside it (storage/ stages, uploads and resumes)."""
+    out: Values = {"data_url": None, "checkpoint_url": None}
+    for name, kind, url_field in (("DATA_DIR", "data", "data_url"), ("CHECKPOINT_DIR", "checkpoints", "checkpoint_url")):
+        if not has_scheme(v[name]):
+            continue
+        try:
+            url = parse_bucket_url(v[name])
+        except UrlError as exc:
+            raise _fail(name, env.get(name, v[name]), str(exc)) from None
+        out[url_field] = url
+        out[name] = f"{v['CACHE_DIR'].rstrip('/')}/{kind}/{url.local_name}"
+    if out["data_url"] and out["checkpoint_url"] and out["data_url"] == out["checkpoint_url"]:
+        raise _fail("CHECKPOINT_DIR", env["CHECKPOINT_DIR"], "must not be the same bucket and prefix as DATA_DIR")
+    return out
+
+
 RULES: tuple[Callable[[Values, dict], Values], ...] = (
     elastic_bounds, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
     restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, mxnet_launchers, tf_config_is_tensorflows,
-    nccl_settings,
+    nccl_settings, object_storage,
 )
 
 
@@ -581,5 +616,6 @@ def load_config(env: dict[str, str], image: Image, script_args: tuple[str, ...] 
         values = {**values, **rule(values, env)}
     by_field = {var.field: values[var.name] for var in VARIABLES if var.name not in PASSED_THROUGH}
     passed = {name: values[name] for name in PASSED_THROUGH if values[name] is not None}
-    return Config(**by_field, nccl_env=values["nccl_env"], script_args=tuple(script_args),
+    return Config(**by_field, nccl_env=values["nccl_env"], data_url=values["data_url"],
+                  checkpoint_url=values["checkpoint_url"], script_args=tuple(script_args),
                   sources=dict(sources or {}), passed=passed)

@@ -85,6 +85,20 @@ def home_dir(env: dict[str, str], why_not: Callable[[str], str | None] = can_wri
     return tempfile.mkdtemp(prefix=f"disttrain-home-{os.getuid()}-")
 
 
+def object_cache(env: dict[str, str], cache_dir: str, why_not: Callable[[str], str | None] = can_write) -> str | None:
+    """CACHE_DIR for the copies of s3:// data and checkpoints: None when it can be written;
+    when the default cannot (a read-only container), a folder in the temporary one; a
+    CACHE_DIR the user set must be writable."""
+    if (reason := why_not(cache_dir)) is None:
+        return None
+    if env.get("CACHE_DIR", "").strip():
+        raise ConfigError(f"CACHE_DIR={env['CACHE_DIR']!r}: not writable by uid {os.getuid()} ({reason}); mount a "
+                          f"writable volume there (the node-local copies of DATA_DIR and CHECKPOINT_DIR)")
+    if (tmp := temp_dir()) is not None:
+        os.environ["TMPDIR"] = env["TMPDIR"] = tempfile.tempdir = tmp
+    return os.path.join(tempfile.gettempdir(), f"disttrain-cache-{os.getuid()}")
+
+
 def prepare(env: dict[str, str], checkpoint_dir: str) -> list[str]:
     """Check and redirect, in `env` and this process's environment; the lines to say."""
     check_checkpoint_dir(checkpoint_dir)

