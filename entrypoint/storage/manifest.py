@@ -30,11 +30,19 @@ SKIPPED_TOP = ("diagnostics",)     # hang diagnostics: uploaded, never fetched f
 
 @dataclass(frozen=True)
 class Entry:
+    """A file as the bucket holds it; `next_*`: the content a rewrite in place is putting
+    there (listed before that upload starts), which a resume accepts as well."""
     size: int
     sha256: str
+    next_size: int | None = None
+    next_sha256: str | None = None
 
     def as_json(self) -> dict:
-        return {"size": self.size, "sha256": self.sha256}
+        extra = {"next_size": self.next_size, "next_sha256": self.next_sha256} if self.next_sha256 else {}
+        return {"size": self.size, "sha256": self.sha256, **extra}
+
+    def accepts(self, size: int, sha256: str) -> bool:
+        return (size, sha256) in ((self.size, self.sha256), (self.next_size, self.next_sha256))
 
 
 def node_key(prefix: str, node: int) -> str:
@@ -48,7 +56,9 @@ def encode(node: int, files: dict[str, Entry], run_id: str) -> bytes:
 
 def decode(body: bytes) -> dict[str, Entry]:
     data = json.loads(body)
-    return {rel: Entry(int(e["size"]), str(e["sha256"])) for rel, e in data.get("files", {}).items()}
+    return {rel: Entry(int(e["size"]), str(e["sha256"]),
+                       int(e["next_size"]) if e.get("next_size") is not None else None, e.get("next_sha256"))
+            for rel, e in data.get("files", {}).items()}
 
 
 def merge(manifests: list[dict[str, Entry]]) -> dict[str, Entry]:

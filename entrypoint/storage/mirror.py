@@ -3,7 +3,7 @@ training goes on, deletions (keep-last-N pruning) are mirrored, and what is left
 flushed at the end.
 
 A file counts as finished when no process has it open for writing and its size and mtime
-did not change over one poll; names with a part starting with "." are temporary
+did not change over one poll (or it was last written longer ago than that); names with a part starting with "." are temporary
 (disttrain.checkpoint writes `.ckpt-...tmp-<pid>` and renames it into place; so do
 s3transfer and most frameworks). Finished files are uploaded oldest first; only then does
 the node's manifest (manifest.py) list them, and only after the manifest stops listing a
@@ -26,6 +26,7 @@ from .transfer import Transfers, mib
 
 POLL_S = 1.0
 BACKOFF_MAX_S = 30.0
+DELETE_HOLD_S = 60.0         # deletions wait this long at most for a new file to go up first
 
 
 def open_for_writing(folder: str) -> set[str]:
@@ -96,6 +97,7 @@ class CheckpointMirror:
         self.deleted = 0
         self.error: str | None = None
         self._seen: dict[str, tuple[int, int]] = {}
+        self._first_seen: dict[str, float] = {}                 # rel -> when it was first waiting
         self._failures = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()                           # one cycle at a time
@@ -161,22 +163,40 @@ class CheckpointMirror:
         return bool(known) and tuple(known[:2]) == st
 
     def _cycle(self, final: bool, until: Callable[[], bool]) -> bool:
-        """One pass; True if it changed anything in the bucket."""
+        """One pass; True if it changed anything in the bucket. New names go up first and
+        are listed; then files rewritten in place (TensorFlow's `checkpoint`, a `latest.pt`),
+        each listed first with its next digest beside the one the bucket holds, so that a
+        resume accepts either; deletions last, and only once nothing new waits to go up."""
         with self._lock:
             now = scan(self.folder)
             writing = set() if final else open_for_writing(self.folder)
-            ready = [rel for rel, st in now.items()
-                     if not self._in_bucket(rel, st) and rel not in writing and (final or self._seen.get(rel) == st)]
+            settled_ns = time.time_ns() - int(self.poll * 1e9)
+            waiting = [rel for rel, st in now.items() if not self._in_bucket(rel, st)]
+            ready = [rel for rel in waiting if rel not in writing
+                     and (final or self._seen.get(rel) == now[rel] or now[rel][1] < settled_ns)]
             self._seen = now
+            for rel in waiting:
+                self._first_seen.setdefault(rel, time.monotonic())
             ready.sort(key=lambda rel: now[rel][1])
-            done, failed = self._upload(ready, now, until)
-            gone = [rel for rel in self.owned if rel not in now]
+            digests = self._digests(ready)
+            fresh = [rel for rel in ready if rel in digests and rel not in self.owned]
+            rewritten = [rel for rel in ready if rel in digests and rel in self.owned]
+            done, failed = self._upload(fresh, digests, now, until)
+            for rel in rewritten:
+                old = self.owned[rel]
+                self.owned[rel] = manifest.Entry(old.size, old.sha256, next_size=now[rel][0], next_sha256=digests[rel])
+            if done or rewritten:
+                self._write_manifest()
+            again, failed_again = self._upload(rewritten, digests, now, until)
+            done += again
+            failed += failed_again
+            held = [rel for rel in waiting if rel not in done and rel not in self.owned
+                    and time.monotonic() - self._first_seen[rel] < DELETE_HOLD_S]
+            gone = [] if held or failed else [rel for rel in self.owned if rel not in now]
             for rel in gone:
                 del self.owned[rel]
-            if done or gone:
-                body = manifest.encode(self.node, self.owned, self.run_id)
-                self.client.put_object(Bucket=self.url.bucket, Key=self._manifest_key(), Body=body,
-                                       ContentType="application/json")
+            if again or gone:
+                self._write_manifest()
             if gone:
                 for rel in gone:
                     self.index.pop(rel, None)
@@ -186,19 +206,35 @@ class CheckpointMirror:
                 self.deleted += len(gone)
             if done or gone:
                 manifest.write_local_index(self.folder, self.index)
+            for rel in done:
+                self._first_seen.pop(rel, None)
             if failed and not until():
                 raise failed[0][1]
             return bool(done or gone)
 
-    def _upload(self, ready: list[str], now: dict[str, tuple[int, int]],
+    def _write_manifest(self) -> None:
+        body = manifest.encode(self.node, self.owned, self.run_id)
+        self.client.put_object(Bucket=self.url.bucket, Key=self._manifest_key(), Body=body,
+                               ContentType="application/json")
+
+    def _digests(self, ready: list[str]) -> dict[str, str]:
+        digests = {}
+        for rel in ready:
+            try:
+                digests[rel] = sha256_of(os.path.join(self.folder, rel))
+            except FileNotFoundError:          # rotated away since the scan (keep-last-N): nothing to send
+                pass
+        return digests
+
+    def _upload(self, ready: list[str], digests: dict[str, str], now: dict[str, tuple[int, int]],
                 until: Callable[[], bool]) -> tuple[list[str], list[tuple[str, BaseException]]]:
         """Upload `ready`; (the files now in the bucket, the (key, error) of the others)."""
         if not ready:
             return [], []
-        digests = {rel: sha256_of(os.path.join(self.folder, rel)) for rel in ready}
         failed = self._transfers.upload(self.url.bucket, [(os.path.join(self.folder, rel), self.url.key(rel))
                                                            for rel in ready], until=until)
         bad = {key for key, _ in failed}
+        failed = [(key, exc) for key, exc in failed if not isinstance(exc, FileNotFoundError)]
         done = []
         for rel in ready:
             if self.url.key(rel) in bad:

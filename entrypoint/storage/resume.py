@@ -69,7 +69,7 @@ def fetch_for_resume(client, url: BucketUrl, folder: str, say: Callable[[str], N
         known = index.get(rel)
         try:
             st = os.stat(path)
-            if known and known == [st.st_size, st.st_mtime_ns, entry.sha256]:
+            if known and known[:2] == [st.st_size, st.st_mtime_ns] and entry.accepts(st.st_size, known[2]):
                 continue
         except OSError:
             pass
@@ -89,12 +89,12 @@ def fetch_for_resume(client, url: BucketUrl, folder: str, say: Callable[[str], N
                                f"not fetched; first {key!r}: {describe(exc, env)}")
         for rel, entry in todo:
             path = os.path.join(folder, rel)
-            if (digest := sha256_of(path)) != entry.sha256:
+            if not entry.accepts(os.path.getsize(path), digest := sha256_of(path)):
                 os.unlink(path)
                 raise StorageError(f"CHECKPOINT_DIR={str(url)!r}: {url.key(rel)!r} does not match its manifest "
                                    f"(SHA-256 {digest[:12]}..., expected {entry.sha256[:12]}...): not resumed")
             st = os.stat(path)
-            index[rel] = [st.st_size, st.st_mtime_ns, entry.sha256]
+            index[rel] = [st.st_size, st.st_mtime_ns, digest]
         manifest.write_local_index(folder, index)
     units = tuple(sorted({rel.split("/", 1)[0] for rel in wanted}))
     shown = ", ".join(units[:4]) + (f" and {len(units) - 4} more" if len(units) > 4 else "")

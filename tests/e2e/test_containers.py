@@ -575,3 +575,25 @@ def test_compose_restart_resumes_tensorflow_from_its_backup_after_a_worker_dies(
     assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, output[-4000:]
     assert 60 <= resumed[0] < 200, resumed                                   # the last backup, not step 0
     assert_replicas_agree(output, 2)
+
+
+def test_compose_checkpoints_to_a_bucket_and_fresh_containers_resume_from_it(image, project):
+    """compose/s3.yml: no volume shared by the nodes, checkpoints in a bucket on an
+    S3-compatible server beside the job. The containers are removed after the first run;
+    fresh ones, with empty caches, resume from the bucket's newest checkpoint."""
+    from tests.e2e.docker_env import seaweed_image
+
+    job = project("s3.yml", S3_IMAGE=seaweed_image(), TRAIN_ARGS="--steps 40")
+    run = job.compose("up", "--abort-on-container-exit", "--exit-code-from", "master", timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    first = job.logs()
+    assert "everything finished is in the bucket" in first, first[-3000:]
+    job.compose("rm", "-f", "-s", "master", "worker", check=True)             # fresh containers next
+    again = job.compose("up", "--abort-on-container-exit", "--exit-code-from", "master", timeout=600,
+                        TRAIN_ARGS="--steps 60")
+    assert again.returncode == 0, again.stdout[-3000:]
+    output = job.logs()
+    assert output.count("checkpoints: resuming from s3://train/checkpoints/") == 2, output[-3000:]
+    assert [line for line in output.splitlines() if "RESUMED" in line and "step=40" in line], output[-3000:]
+    second = results(output)[-2:]
+    assert len({r.digest for r in second}) == 1

@@ -162,3 +162,28 @@ def test_bad_storage_input_is_one_line_exit_2_and_nothing_started(s3, bucket, tm
     assert "starting" not in proc.stdout and "preflight" not in proc.stdout
     assert "secret-key" not in proc.stdout + proc.stderr        # no credential in the line
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("framework, launcher", [("keras", "horovod"), ("tensorflow", "native")],
+                         ids=["keras-horovod", "tensorflow-tf_config"])
+def test_keras_backups_go_to_the_bucket_and_fresh_nodes_resume_from_them(jobs, s3, bucket, tmp_path,
+                                                                       framework, launcher):
+    """Keras BackupAndRestore (through Horovod, and TF_CONFIG's MultiWorkerMirroredStrategy)
+    writes its backups under CHECKPOINT_DIR with TensorFlow's own file names: the nodes are
+    killed mid-training, and two fresh nodes with empty caches resume from the bucket's
+    last backup, not from step 0, and finish."""
+    env = dict(s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/keras", FRAMEWORK=framework, LAUNCHER=launcher)
+    args = ["--steps", "200", "--step-delay", "0.1", "--checkpoint-every", "40"]
+    job = jobs.start(2, args, CACHE_DIR=str(tmp_path / "a{node}"), **env)
+    wait_for(job[0], "step 100 ", 240)
+    time.sleep(3)
+    for node in job:
+        node.kill()
+    listed = manifest_files(s3, bucket, "keras/")
+    assert any(name.endswith(".index") for name in listed), listed
+    codes, out = jobs.run(2, ["--steps", "200", "--checkpoint-every", "40"], CACHE_DIR=str(tmp_path / "b{node}"), **env)
+    assert codes == [0, 0], out[-4000:]
+    resumed = {int(r): int(s) for r, s in re.findall(r"RESUMED rank=(\d+) step=(\d+)", out)}
+    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, out[-4000:]
+    assert 80 <= resumed[0] < 200 and resumed[0] % 40 == 0, resumed
+    assert len(results(out)) == 2

@@ -142,3 +142,11 @@ def test_progress_lines_give_files_bytes_rate_and_eta_at_most_every_few_seconds(
     quiet = Progress("data", 1, 1, said.append, every=60.0)
     quiet.tick()
     assert len(said) == 1
+
+
+def test_a_file_rewritten_in_place_is_listed_with_both_digests_and_a_resume_accepts_either():
+    entry = manifest.Entry(10, "old", next_size=12, next_sha256="new")
+    assert entry.accepts(10, "old") and entry.accepts(12, "new") and not entry.accepts(10, "new")
+    again = manifest.decode(manifest.encode(0, {"chief/checkpoint": entry}, "run"))
+    assert again["chief/checkpoint"] == entry
+    assert not manifest.Entry(10, "old").accepts(12, "new")
