@@ -130,8 +130,9 @@ def labels(v: Variant) -> list[tuple[str, str]]:
     return result
 
 
-# DATA_DIR / CHECKPOINT_DIR in a bucket (entrypoint/storage/): boto3 and its s3transfer.
-STORAGE_CLIENT = "boto3>=1.34,<2"
+# DATA_DIR / CHECKPOINT_DIR in a bucket (entrypoint/storage/): boto3 (credentials, probes,
+# listings) and obstore (the transfers).
+STORAGE_CLIENT = "boto3>=1.34,<2\nobstore>=0.8,<1"
 
 
 def requirements(v: Variant) -> dict[str, str]:

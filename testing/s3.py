@@ -50,8 +50,9 @@ def _grpc_pair() -> int:
 class SeaweedS3:
     """One SeaweedFS server (master, volume, filer, S3 gateway in one process) in `folder`."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, nice: int = 0):
         self.folder = Path(folder)
+        self.nice = nice            # a benchmark's stand-in for a remote store: behind the job for the CPU
         self.port = _grpc_pair()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -77,7 +78,8 @@ class SeaweedS3:
                f"-filer.port={ports['filer']}", "-master.volumeSizeLimitMB=256", "-volume.max=300",
                "-s3", f"-s3.port={self.port}", f"-s3.config={self._identities()}", "-s3.autoCreateBucket=false"]
         log = open(self.folder / "weed.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
         self._wait_ready()
         return self
 

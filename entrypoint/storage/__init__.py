@@ -10,6 +10,6 @@
     node.py      the node's storage from start to end, for main.py
 
 The scripts see only folders (contract/config.py maps each URL to its folder in CACHE_DIR),
-so every framework's own reader and writer works unchanged. boto3 (s3transfer) is imported
-here only, and only when a URL is given.
+so every framework's own reader and writer works unchanged. boto3 (credentials, probes,
+listings) and obstore (transfers) are imported here only, and only when a URL is given.
 """

@@ -13,7 +13,7 @@ import os
 from ..contract.urls import BucketUrl
 
 # Many small objects at once: one connection per transfer thread.
-POOL = 64
+POOL = 96
 DEFAULT_REGION = "us-east-1"     # S3-compatible stores take any; AWS S3 redirects
 
 
@@ -39,9 +39,12 @@ def make_client(url: BucketUrl, env: dict[str, str], style: str | None = None, a
     session = boto3.session.Session(region_name=region or None)
     if session.region_name is None:
         session = boto3.session.Session(region_name=DEFAULT_REGION)
+    # Checksums where the store requires them only: every checkpoint file's SHA-256 is in
+    # the manifest already, and botocore's default CRC32 of each upload costs a core.
     config = Config(max_pool_connections=POOL, connect_timeout=connect_timeout, read_timeout=read_timeout,
                     retries={"mode": "standard", "max_attempts": attempts}, tcp_keepalive=True,
-                    s3={"addressing_style": addressing_style(url, style)})
+                    s3={"addressing_style": addressing_style(url, style)},
+                    request_checksum_calculation="when_required", response_checksum_validation="when_required")
     return session.client("s3", config=config)
 
 
@@ -64,6 +67,15 @@ def describe(exc: BaseException, env: dict[str, str] | None = None) -> str:
         return f"cannot connect to {where}"
     if isinstance(exc, bx.BotoCoreError):
         return f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return scrub(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", env)[:300]
+
+
+def scrub(text: str, env: dict[str, str]) -> str:
+    """`text` with any credential this process holds blanked out (a client library's
+    message might quote one)."""
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
+        if len(env.get(name) or "") >= 8:
+            text = text.replace(env[name], "***")
+    return text

@@ -3,11 +3,12 @@ training goes on, deletions (keep-last-N pruning) are mirrored, and what is left
 flushed at the end.
 
 A file counts as finished when no process has it open for writing and its size and mtime
-did not change over one poll (or it was last written longer ago than that); names with a part starting with "." are temporary
-(disttrain.checkpoint writes `.ckpt-...tmp-<pid>` and renames it into place; so do
-s3transfer and most frameworks). Finished files are uploaded oldest first; only then does
-the node's manifest (manifest.py) list them, and only after the manifest stops listing a
-file is its object deleted, so the bucket always holds a complete checkpoint for a resume.
+did not change over one poll (or it was last written longer ago than that). Names with a
+part starting with "." are temporary (DCP's `.metadata` aside): disttrain.checkpoint writes
+`.ckpt-...tmp-<pid>` and renames it into place, as do the downloads here and most
+frameworks. Finished files are uploaded oldest first; only then does the node's manifest
+(manifest.py) list them, and only after the manifest stops listing a file is its object
+deleted, so the bucket always holds a complete checkpoint for a resume.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from ..contract.urls import BucketUrl
 from . import manifest
 from .client import describe
 from .resume import sha256_of
-from .transfer import Transfers, mib
+from .transfer import Transfers, lower_priority, mib
 
 POLL_S = 1.0
+NICE = 10                    # the uploads' CPU priority while training runs
 BACKOFF_MAX_S = 30.0
 DELETE_HOLD_S = 60.0         # deletions wait this long at most for a new file to go up first
 
@@ -55,13 +57,17 @@ def open_for_writing(folder: str) -> set[str]:
     return found
 
 
+# Final names that start with ".": torch.distributed.checkpoint's index, written last.
+KEPT_DOT_NAMES = (".metadata",)
+
+
 def scan(folder: str) -> dict[str, tuple[int, int]]:
     """rel -> (size, mtime_ns) of every regular file, temporary names left out."""
     found = {}
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
-            if name.startswith("."):
+            if name.startswith(".") and name not in KEPT_DOT_NAMES:
                 continue
             path = os.path.join(root, name)
             try:
@@ -102,7 +108,7 @@ class CheckpointMirror:
         self._stop = threading.Event()
         self._lock = threading.Lock()                           # one cycle at a time
         self._thread: threading.Thread | None = None
-        self._transfers = Transfers(client, concurrency=8)
+        self._transfers = Transfers(client, url.bucket, concurrency=8)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,7 +142,10 @@ class CheckpointMirror:
         return MirrorReport(self.uploaded, self.uploaded_bytes, self.deleted, pending, self.error if pending else None)
 
     def _run(self) -> None:
+        # Behind the training for the CPU: this thread and the transfers' runtime threads
+        # run at a lower priority than the ranks (again each pass: the runtime may grow).
         while not self._stop.is_set():
+            lower_priority(NICE)
             try:
                 self._cycle(final=False, until=self._stop.is_set)
                 self._failures = 0
@@ -231,10 +240,11 @@ class CheckpointMirror:
         """Upload `ready`; (the files now in the bucket, the (key, error) of the others)."""
         if not ready:
             return [], []
-        failed = self._transfers.upload(self.url.bucket, [(os.path.join(self.folder, rel), self.url.key(rel))
-                                                           for rel in ready], until=until)
+        failed = self._transfers.upload([(os.path.join(self.folder, rel), self.url.key(rel)) for rel in ready], until=until)
         bad = {key for key, _ in failed}
-        failed = [(key, exc) for key, exc in failed if not isinstance(exc, FileNotFoundError)]
+        # A file rotated away meanwhile (keep-last-N) is not a failure: the next pass drops it.
+        failed = [(key, exc) for key, exc in failed
+                  if os.path.exists(os.path.join(self.folder, self.url.relative(key)))]
         done = []
         for rel in ready:
             if self.url.key(rel) in bad:

@@ -15,7 +15,7 @@ from ..contract.config import Config, ConfigError
 from ..running.outcome import Outcome
 from .client import endpoint_of, make_client
 from .mirror import CheckpointMirror, report_line
-from .probe import check_readable, check_writable
+from .probe import STORE_WAIT_S, check_readable, check_writable
 from .resume import fetch_for_resume
 from .stage import stage_data
 
@@ -43,9 +43,10 @@ class NodeStorage:
                 raise ConfigError(f"{name}={str(url)!r}: oss:// needs its region's endpoint in AWS_ENDPOINT_URL, "
                                   f"e.g. https://oss-cn-hangzhou.aliyuncs.com (docs/storage.md)")
             probe = make_client(url, env, config.s3_addressing_style, attempts=2, connect_timeout=3, read_timeout=10)
+            wait = min(STORE_WAIT_S, config.rdzv_timeout)
             if name == "CHECKPOINT_DIR":        # written first: a store may make the bucket on a write
-                check_writable(probe, url, name, env)
-            check_readable(probe, url, name, env)
+                check_writable(probe, url, name, env, wait)
+            check_readable(probe, url, name, env, wait)
             clients[name] = make_client(url, env, config.s3_addressing_style)
         return cls(config, env, clients)
 

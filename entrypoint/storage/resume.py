@@ -77,10 +77,10 @@ def fetch_for_resume(client, url: BucketUrl, folder: str, say: Callable[[str], N
     total = sum(e.size for _, e in todo)
     progress = Progress("checkpoints", len(todo), total, say)
     if todo:
-        transfers = Transfers(client)
+        transfers = Transfers(client, url.bucket)
         try:
-            failed = transfers.download(url.bucket, [(url.key(rel), os.path.join(folder, rel)) for rel, _ in todo],
-                                        progress)
+            failed = transfers.download([(url.key(rel), os.path.join(folder, rel)) for rel, _ in todo],
+                                        progress, sizes={url.key(rel): e.size for rel, e in todo})
         finally:
             transfers.close()
         if failed:
