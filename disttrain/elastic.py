@@ -124,6 +124,7 @@ class Run:
     def resume(self) -> int:
         found = checkpoint.load_latest(self.directory,
                                        reader=lambda f: torch.load(f, map_location="cpu", weights_only=False))
+        found = self._newest_of_every_rank(found)
         if found is None:
             return 0
         step, saved = found
@@ -132,6 +133,22 @@ class Run:
         self.step, self.epoch, self.offset = step, saved["epoch"], saved["offset"]
         self.resumed_from, self._saved_step = step, step
         return step
+
+    def _newest_of_every_rank(self, found):
+        """The newest checkpoint any rank has, on every rank. Without a folder the nodes
+        share (CHECKPOINT_DIR in a bucket: each node has its own copy), a node that joined
+        holds the bucket's checkpoint, while the membership change's own checkpoint is on
+        the node of global rank 0; the rank that has the newest sends it to the others."""
+        if not dist.is_initialized() or self.world_size < 2:
+            return found
+        steps: list = [None] * self.world_size
+        dist.all_gather_object(steps, found[0] if found else -1)
+        newest = max(steps)
+        if newest < 0 or min(steps) == newest:
+            return found
+        payload = [found[1] if found and found[0] == newest else None]
+        dist.broadcast_object_list(payload, src=steps.index(newest))
+        return newest, payload[0]
 
     def save(self, reason: str = "", every_node: bool = False) -> None:
         """Write the state as of the last completed step (once per step): global rank 0

@@ -139,7 +139,8 @@ BAD = [
     ("missing bucket", {"CHECKPOINT_DIR": "s3://no-such-bucket-here/x"}, r"^CHECKPOINT_DIR=.*NoSuchBucket"),
     ("wrong credentials", {"DATA_DIR": "s3://{bucket}/d", "AWS_SECRET_ACCESS_KEY": "wrong-secret-0123456789"},
      r"^DATA_DIR='s3://.*/d/': cannot list it: SignatureDoesNotMatch"),
-    ("endpoint that does not answer", {"DATA_DIR": "s3://{bucket}/d", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+    ("endpoint that does not answer", {"DATA_DIR": "s3://{bucket}/d", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                                       "RDZV_TIMEOUT": "2"},
      r"^DATA_DIR=.*cannot connect to http://127.0.0.1:9"),
     ("read-only credentials for checkpoints", {"CHECKPOINT_DIR": "s3://{bucket}/c", "reader": "1"},
      r"^CHECKPOINT_DIR=.*cannot write to it: AccessDenied"),
@@ -187,3 +188,45 @@ def test_keras_backups_go_to_the_bucket_and_fresh_nodes_resume_from_them(jobs, s
     assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, out[-4000:]
     assert 80 <= resumed[0] < 200 and resumed[0] % 40 == 0, resumed
     assert len(results(out)) == 2
+
+
+def test_a_sharded_checkpoint_in_the_bucket_resumes_on_a_fresh_node_at_another_world_size(jobs, s3, bucket, tmp_path):
+    """A (dp 2 x tp 2) mesh saves its shards (torch.distributed.checkpoint) into the node's
+    folder; the mirror uploads the folder, and the checkpoint counts once its .metadata is
+    in the bucket. A fresh node with one process fetches all the shards and reshards them
+    into whole tensors, equal to what was saved."""
+    env = dict(s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/mesh")
+    codes, out = jobs.run(1, ["--steps", "20", "--checkpoint-every", "20"], CACHE_DIR=str(tmp_path / "a"),
+                          PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4, **env)
+    assert codes == [0], out[-4000:]
+    saved = {full for _, _, full in re.findall(r"SAVED rank=(\d+) step=20 shard=(\w+) full=(\w+)", out)}
+    listed = manifest_files(s3, bucket, "mesh/")
+    assert "ckpt-00000020.dcp/.metadata" in listed and len(listed) > 2, listed
+    codes, again = jobs.run(1, ["--steps", "30", "--checkpoint-every", "100"], CACHE_DIR=str(tmp_path / "b"),
+                            PARALLEL_MODE="model_parallel", NPROC_PER_NODE=1, **env)
+    assert codes == [0], again[-4000:]
+    assert re.findall(r"RESUMED rank=0 step=20 shard=(\w+) full=(\w+)", again) == [(*saved, *saved)], again[-3000:]
+
+
+def test_a_node_joining_an_elastic_job_fetches_the_latest_checkpoint_before_its_ranks_start(jobs, s3, bucket, tmp_path):
+    env = dict(s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/elastic", MIN_NODES=1, MAX_NODES=2, MAX_RESTARTS=3)
+    args = ["--steps", "400", "--step-delay", "0.05", "--checkpoint-every", "20"]
+    [first] = jobs.start(1, args, CACHE_DIR=str(tmp_path / "first"), TRAIN_MODE="distributed", ROLE="master",
+                         NODE_ADDR="127.0.0.1", **env)
+    deadline = time.monotonic() + 120
+    while not any(k.endswith(".pt") for k in s3.keys(bucket, "elastic/")):
+        assert time.monotonic() < deadline and first.proc.poll() is None, first.output[-3000:]
+        time.sleep(0.5)
+    joining = jobs.track(Node({**first.env, "ROLE": "worker", "NODE_ADDR": "127.0.0.2",
+                               "CACHE_DIR": str(tmp_path / "second")}, args, tmp_path / "second.log"))
+    wait_for(joining, "starting", 120)
+    lines = joining.output.splitlines()
+    fetched = next(i for i, line in enumerate(lines) if "checkpoints: resuming from" in line)
+    assert re.search(r"ckpt-000000\d\d\.pt; fetched 1 of 1", lines[fetched]), lines[fetched]
+    assert fetched < next(i for i, line in enumerate(lines) if "starting" in line)
+    assert first.wait(240) == 0 and joining.wait(60) == 0, first.output[-3000:] + joining.output[-2000:]
+    # The membership change's checkpoint is on the first node only: the joining ranks
+    # resume from it (sent by the rank that has it), not from the bucket's older one.
+    changed = re.search(r"membership changed: world size 1 -> 2, resumed from step (\d+)", first.output)
+    assert changed and f"TRAINING rank=1 from_step={changed.group(1)}" in joining.output, joining.output[-2000:]
+    check_trained(first.output + joining.output, 2)
