@@ -138,7 +138,6 @@ class CheckpointMirror:
                 self._failed(exc)
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         pending = tuple(sorted(rel for rel, st in scan(self.folder).items() if not self._in_bucket(rel, st)))
-        threading.Thread(target=self._transfers.close, daemon=True).start()
         return MirrorReport(self.uploaded, self.uploaded_bytes, self.deleted, pending, self.error if pending else None)
 
     def _run(self) -> None:

@@ -77,12 +77,8 @@ def fetch_for_resume(client, url: BucketUrl, folder: str, say: Callable[[str], N
     total = sum(e.size for _, e in todo)
     progress = Progress("checkpoints", len(todo), total, say)
     if todo:
-        transfers = Transfers(client, url.bucket)
-        try:
-            failed = transfers.download([(url.key(rel), os.path.join(folder, rel)) for rel, _ in todo],
-                                        progress, sizes={url.key(rel): e.size for rel, e in todo})
-        finally:
-            transfers.close()
+        failed = Transfers(client, url.bucket).download([(url.key(rel), os.path.join(folder, rel)) for rel, _ in todo],
+                                                        progress, sizes={url.key(rel): e.size for rel, e in todo})
         if failed:
             key, exc = failed[0]
             raise StorageError(f"CHECKPOINT_DIR={str(url)!r}: {len(failed)} of {len(todo)} files of the checkpoint "

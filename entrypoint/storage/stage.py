@@ -127,12 +127,8 @@ def _stage_locked(client, url, folder, say, env, until) -> Staged:
     if plan.fetch:
         say(f"data: staging {str(url)} into {folder}: {len(plan.fetch)} files, {mib(plan.fetch_bytes)} to fetch, "
             f"{len(plan.kept)} already cached")
-        transfers = Transfers(client, url.bucket)
-        try:
-            failed = transfers.download([(o.key, os.path.join(folder, rel)) for rel, o in plan.fetch], progress, until,
-                                        sizes={o.key: o.size for _, o in plan.fetch})
-        finally:
-            transfers.close()
+        failed = Transfers(client, url.bucket).download([(o.key, os.path.join(folder, rel)) for rel, o in plan.fetch],
+                                                        progress, until, sizes={o.key: o.size for _, o in plan.fetch})
         bad = {key for key, _ in failed}
         files.update({rel: [o.size, o.etag] for rel, o in plan.fetch if o.key not in bad})
         _write_index(folder, url, files)

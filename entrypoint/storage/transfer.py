@@ -4,6 +4,7 @@ few seconds. Listing stays with boto3 (its paginator gives size and ETag)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -119,6 +120,22 @@ def lower_priority(nice: int) -> None:
             pass
 
 
+@contextlib.contextmanager
+def landing(path: str):
+    """A temporary name beside `path` to write to: renamed into place when the block ends
+    well, removed when it does not, so `path` only ever holds a complete file."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 class Cancelled(Exception):
     """The transfer was stopped (the end came first)."""
 
@@ -148,31 +165,22 @@ class Transfers:
         import asyncio
 
         import obstore
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-
-            async def part(start: int) -> None:
-                if until is not None and until():
-                    raise Cancelled(key)
-                data = await obstore.get_range_async(self.store, key, start=start, end=min(start + self.part, size))
-                os.pwrite(fd, memoryview(data), start)
-                if progress:
-                    progress.add(len(data))
-
-            await asyncio.gather(*(part(start) for start in range(0, size, self.part)))
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
+        with landing(path) as tmp:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+                os.ftruncate(fd, size)
+
+                async def part(start: int) -> None:
+                    if until is not None and until():
+                        raise Cancelled(key)
+                    data = await obstore.get_range_async(self.store, key, start=start, end=min(start + self.part, size))
+                    os.pwrite(fd, memoryview(data), start)
+                    if progress:
+                        progress.add(len(data))
+
+                await asyncio.gather(*(part(start) for start in range(0, size, self.part)))
+            finally:
+                os.close(fd)
         if progress:
             progress.file_done()
 
@@ -183,8 +191,7 @@ class Transfers:
 
     async def _get(self, key: str, path: str, progress: Progress | None, until) -> None:
         import obstore
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
-        try:
+        with landing(path) as tmp:
             response = await obstore.get_async(self.store, key)
             with open(tmp, "wb") as f:
                 async for chunk in response.stream(min_chunk_size=self.part // 4):
@@ -193,13 +200,6 @@ class Transfers:
                     f.write(memoryview(chunk))
                     if progress:
                         progress.add(len(chunk))
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
         if progress:
             progress.file_done()
 
@@ -242,6 +242,3 @@ class Transfers:
         while progress:
             progress.tick()
             await asyncio.sleep(0.5)
-
-    def close(self) -> None:
-        pass

@@ -1,8 +1,6 @@
 """Object storage's pure parts: bucket URLs in the contract, what a node stages, what a
 resume takes from the manifests, and what the mirror says (entrypoint/storage/)."""
 
-import io
-
 import pytest
 
 from entrypoint.contract.config import ConfigError, load_config
