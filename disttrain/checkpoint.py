@@ -17,7 +17,9 @@ loading job, which may have another world size or TP_SIZE:
 
 Both are written under a temporary name and renamed, so a crash mid-write never leaves a
 truncated 'latest', and both keep the last `keep` checkpoints of their kind. Sharded
-checkpoints need CHECKPOINT_DIR on storage every node shares (the compose file's volume).
+checkpoints need CHECKPOINT_DIR on storage every node shares (the compose file's volume),
+or a bucket (CHECKPOINT_DIR=s3://...: each node uploads its own ranks' shards, and the
+checkpoint counts once every shard its index names is in the bucket; docs/storage.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import pickle
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -138,29 +141,56 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _broadcast(value: Any) -> Any:
+    """Rank 0's `value` on every rank (itself without a torch.distributed group)."""
+    import torch.distributed as dist
+
+    if _rank() is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def save_sharded(step: int, model, optimizer=None, directory: str | None = None, keep: int = 3) -> Path:
     """Every rank calls this together: each writes its own shards of `model` (and
-    `optimizer`) as step `step`. Rank 0 publishes the folder once all shards are written
-    and keeps the last `keep`. Returns the checkpoint's folder."""
+    `optimizer`) as step `step`, and the folder is renamed into place once every rank's
+    shards are written, keeping the last `keep`. Returns the checkpoint's folder.
+
+    On a folder every node shares, rank 0 renames and prunes it; on folders of their own
+    (CHECKPOINT_DIR=s3://..., where each node's folder holds its own ranks' shards and the
+    mirror uploads them), each node's first local rank does it for its own."""
     import torch.distributed.checkpoint as dcp
 
     folder = Path(directory or context().checkpoint_dir)
     target = folder / f"ckpt-{step:08d}.{SHARDED_EXT}"
     tmp = folder / f".{target.name}.tmp"
     rank = _rank()
+    # A name only this save uses: a node that cannot see rank 0's has a folder of its own.
+    marker = tmp / f".saving-{_broadcast(uuid.uuid4().hex if not rank else None)}"
     if not rank:
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)          # what a save that crashed left behind
+        _fresh(tmp)                                     # drops what a save that crashed left behind
+        marker.touch()
+    _barrier()
+    own = bool(rank) and context().local_rank == 0 and not marker.exists()
+    if own:
+        _fresh(tmp)
     _barrier()
     # Returns on every rank once the coordinator has written the metadata, i.e. once every
     # rank's shards are on disk.
     dcp.save({"train": _TrainState(model, optimizer)}, checkpoint_id=str(tmp))
-    if not rank:
+    if not rank or own:
+        marker.unlink(missing_ok=True)
         shutil.rmtree(target, ignore_errors=True)       # the same step saved again
         os.replace(tmp, target)
         _prune(folder, keep, SHARDED_EXT)
     _barrier()                                          # nobody reads 'latest' before it exists
     return target
+
+
+def _fresh(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
 
 
 def load_sharded(model, optimizer=None, directory: str | None = None) -> int:

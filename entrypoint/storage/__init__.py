@@ -5,6 +5,7 @@
     transfer.py  parallel, multipart transfers of many objects, with a progress line
     stage.py     data: the prefix staged once per node into CACHE_DIR, kept by size and ETag
     manifest.py  what the bucket holds of the checkpoints, written last; what a resume takes
+    shards.py    the shard files a DCP checkpoint's .metadata names, read without unpickling
     resume.py    checkpoints: what a resume needs, fetched before the ranks start
     mirror.py    checkpoints: each finished file uploaded while training goes on, flushed at the end
     node.py      the node's storage from start to end, for main.py

@@ -9,6 +9,12 @@ With the project's naming (disttrain/checkpoint.py: `ckpt-<step>.<ext>`, a file,
 of shards `ckpt-<step>.dcp` with its `.metadata`), a resume takes only the newest complete
 checkpoint of each kind; otherwise every listed file.
 
+A sharded checkpoint's shards come from every node (each uploads its own ranks'), and its
+`.metadata` (on rank 0's node) names them all: its entry lists them (`parts`), and the
+checkpoint is complete once every part is listed by some node's manifest. A node deletes
+the shards of an older one (keep-last-N pruning) only once a newer one is complete, so the
+bucket never holds fewer than one complete sharded checkpoint between the nodes' uploads.
+
 The node's folder keeps a local index (`.disttrain-mirror.json`): each file's size, mtime
 and SHA-256 as uploaded or fetched, so that neither is done twice.
 """
@@ -31,14 +37,19 @@ SKIPPED_TOP = ("diagnostics",)     # hang diagnostics: uploaded, never fetched f
 @dataclass(frozen=True)
 class Entry:
     """A file as the bucket holds it; `next_*`: the content a rewrite in place is putting
-    there (listed before that upload starts), which a resume accepts as well."""
+    there (listed before that upload starts), which a resume accepts as well; `parts`: for
+    a sharded checkpoint's `.metadata`, the files of the checkpoint it names (relative to
+    the prefix), None when they are not known."""
     size: int
     sha256: str
     next_size: int | None = None
     next_sha256: str | None = None
+    parts: tuple[str, ...] | None = None
 
     def as_json(self) -> dict:
         extra = {"next_size": self.next_size, "next_sha256": self.next_sha256} if self.next_sha256 else {}
+        if self.parts is not None:
+            extra["parts"] = list(self.parts)
         return {"size": self.size, "sha256": self.sha256, **extra}
 
     def accepts(self, size: int, sha256: str) -> bool:
@@ -57,7 +68,8 @@ def encode(node: int, files: dict[str, Entry], run_id: str) -> bytes:
 def decode(body: bytes) -> dict[str, Entry]:
     data = json.loads(body)
     return {rel: Entry(int(e["size"]), str(e["sha256"]),
-                       int(e["next_size"]) if e.get("next_size") is not None else None, e.get("next_sha256"))
+                       int(e["next_size"]) if e.get("next_size") is not None else None, e.get("next_sha256"),
+                       tuple(str(p) for p in e["parts"]) if e.get("parts") is not None else None)
             for rel, e in data.get("files", {}).items()}
 
 
@@ -78,19 +90,38 @@ def unit_of(rel: str) -> tuple[int, str, str] | None:
 
 def complete_units(files: dict[str, Entry]) -> dict[str, list[tuple[int, str]]]:
     """ext -> [(step, top-level name)] of the complete checkpoints, oldest first: a file
-    checkpoint is complete when listed; a sharded one when its metadata is."""
+    checkpoint is complete when listed; a sharded one when its metadata is, and every part
+    the metadata names (`files`: every node's manifests merged)."""
     units: dict[str, set[tuple[int, str]]] = {}
-    for rel in files:
+    for rel, entry in files.items():
         u = unit_of(rel)
         if u is None:
             continue
         step, ext, top = u
         if ext == SHARDED_EXT:
-            if rel == f"{top}/{SHARD_METADATA}":
+            if rel == f"{top}/{SHARD_METADATA}" and all(part in files for part in entry.parts or ()):
                 units.setdefault(ext, set()).add((step, top))
         elif rel == top:
             units.setdefault(ext, set()).add((step, top))
     return {ext: sorted(found) for ext, found in units.items()}
+
+
+def sharded(rel: str) -> tuple[int, str] | None:
+    """(step, ext) when `rel` is inside a sharded project checkpoint."""
+    u = unit_of(rel)
+    return (u[0], u[1]) if u and u[1] == SHARDED_EXT and rel != u[2] else None
+
+
+def may_delete(rel: str, bucket: dict[str, Entry]) -> bool:
+    """Whether a node may delete `rel`, which it no longer holds, from the bucket (`bucket`:
+    every node's manifests merged). Only one node lists a file checkpoint, which it removes
+    once its newer ones are up; the shards of a sharded one wait for a newer complete one,
+    which takes every node's uploads."""
+    inside = sharded(rel)
+    if inside is None:
+        return True
+    step, ext = inside
+    return any(newer > step for newer, _ in complete_units(bucket).get(ext, []))
 
 
 def resume_set(files: dict[str, Entry]) -> dict[str, Entry]:

@@ -8,7 +8,9 @@ part starting with "." are temporary (DCP's `.metadata` aside): disttrain.checkp
 `.ckpt-...tmp-<pid>` and renames it into place, as do the downloads here and most
 frameworks. Finished files are uploaded oldest first; only then does the node's manifest
 (manifest.py) list them, and only after the manifest stops listing a file is its object
-deleted, so the bucket always holds a complete checkpoint for a resume.
+deleted, so the bucket always holds a complete checkpoint for a resume. A sharded
+checkpoint's shards come from every node: a node deletes its shards of an older one only
+once the bucket (every node's manifest, read back) holds a newer complete one.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from typing import Callable
 from ..contract.urls import BucketUrl
 from . import manifest
 from .client import describe
-from .resume import sha256_of
+from .resume import read_manifests, sha256_of
+from .shards import shard_files
 from .transfer import Transfers, lower_priority, mib
 
 POLL_S = 1.0
 NICE = 10                    # the uploads' CPU priority while training runs
 BACKOFF_MAX_S = 30.0
 DELETE_HOLD_S = 60.0         # deletions wait this long at most for a new file to go up first
+BUCKET_VIEW_S = 5.0          # how often the other nodes' manifests are read while shards wait to be deleted
 
 
 def open_for_writing(folder: str) -> set[str]:
@@ -83,6 +87,7 @@ class MirrorReport:
     uploaded: int
     uploaded_bytes: int
     deleted: int
+    kept: int                       # pruned shards left in the bucket: no newer complete checkpoint yet
     pending: tuple[str, ...]        # finished files not in the bucket at the end
     error: str | None               # the store's last error, if the end came with one
 
@@ -101,10 +106,12 @@ class CheckpointMirror:
         self.uploaded = 0
         self.uploaded_bytes = 0
         self.deleted = 0
+        self.kept = 0
         self.error: str | None = None
         self._seen: dict[str, tuple[int, int]] = {}
         self._first_seen: dict[str, float] = {}                 # rel -> when it was first waiting
         self._failures = 0
+        self._bucket: tuple[float, dict[str, manifest.Entry]] | None = None   # (when read, every node's files)
         self._stop = threading.Event()
         self._lock = threading.Lock()                           # one cycle at a time
         self._thread: threading.Thread | None = None
@@ -138,7 +145,8 @@ class CheckpointMirror:
                 self._failed(exc)
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         pending = tuple(sorted(rel for rel, st in scan(self.folder).items() if not self._in_bucket(rel, st)))
-        return MirrorReport(self.uploaded, self.uploaded_bytes, self.deleted, pending, self.error if pending else None)
+        return MirrorReport(self.uploaded, self.uploaded_bytes, self.deleted, self.kept, pending,
+                            self.error if pending else None)
 
     def _run(self) -> None:
         # Behind the training for the CPU: this thread and the transfers' runtime threads
@@ -200,7 +208,7 @@ class CheckpointMirror:
             failed += failed_again
             held = [rel for rel in waiting if rel not in done and rel not in self.owned
                     and time.monotonic() - self._first_seen[rel] < DELETE_HOLD_S]
-            gone = [] if held or failed else [rel for rel in self.owned if rel not in now]
+            gone = [] if held or failed else self._deletable([rel for rel in self.owned if rel not in now], final)
             for rel in gone:
                 del self.owned[rel]
             if again or gone:
@@ -219,6 +227,26 @@ class CheckpointMirror:
             if failed and not until():
                 raise failed[0][1]
             return bool(done or gone)
+
+    def _deletable(self, gone: list[str], final: bool) -> list[str]:
+        """Of the files this node no longer holds, those it may delete now (manifest.may_delete);
+        the others (`kept`) wait for the other nodes' uploads."""
+        if not any(manifest.sharded(rel) for rel in gone):
+            self.kept = 0
+            return gone
+        bucket = self._bucket_view(fresh=final)
+        allowed = [rel for rel in gone if manifest.may_delete(rel, bucket)]
+        self.kept = len(gone) - len(allowed)
+        return allowed
+
+    def _bucket_view(self, fresh: bool) -> dict[str, manifest.Entry]:
+        """Every node's files as the bucket lists them, this node's as it knows them now;
+        read again at most every BUCKET_VIEW_S."""
+        if fresh or self._bucket is None or time.monotonic() - self._bucket[0] >= BUCKET_VIEW_S:
+            others = {key: files for key, files in read_manifests(self.client, self.url).items()
+                      if key != self.node}
+            self._bucket = (time.monotonic(), manifest.merge(list(others.values())))
+        return manifest.merge([self._bucket[1], self.owned])
 
     def _write_manifest(self) -> None:
         body = manifest.encode(self.node, self.owned, self.run_id)
@@ -255,17 +283,32 @@ class CheckpointMirror:
             if (st.st_size, st.st_mtime_ns) != now[rel]:       # rewritten meanwhile: next pass
                 continue
             self.index[rel] = [st.st_size, st.st_mtime_ns, digests[rel]]
-            self.owned[rel] = manifest.Entry(st.st_size, digests[rel])
+            self.owned[rel] = manifest.Entry(st.st_size, digests[rel], parts=self._parts(rel))
             self.uploaded += 1
             self.uploaded_bytes += st.st_size
             done.append(rel)
         return done, failed
 
 
+    def _parts(self, rel: str) -> tuple[str, ...] | None:
+        """For a sharded checkpoint's index: the files it names (manifest.Entry.parts)."""
+        inside = manifest.sharded(rel)
+        if inside is None or os.path.basename(rel) != manifest.SHARD_METADATA:
+            return None
+        names = shard_files(os.path.join(self.folder, rel))
+        if names is None:
+            self.say(f"checkpoints: cannot read the shard names in {rel}; it counts as complete once it is up")
+            return None
+        top = rel.split("/", 1)[0]
+        return tuple(f"{top}/{name}" for name in names)
+
+
 def report_line(url: BucketUrl, folder: str, report: MirrorReport) -> str:
     sent = f"uploaded {report.uploaded} files ({mib(report.uploaded_bytes)})"
     if report.deleted:
         sent += f", removed {report.deleted} pruned"
+    if report.kept:
+        sent += f", kept {report.kept} pruned shards until the other nodes' newer ones are up"
     if report.complete:
         return f"checkpoints: {sent} to {str(url)}; everything finished is in the bucket"
     shown = ", ".join(report.pending[:3]) + (f" and {len(report.pending) - 3} more" if len(report.pending) > 3 else "")

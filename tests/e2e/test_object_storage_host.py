@@ -190,22 +190,26 @@ def test_keras_backups_go_to_the_bucket_and_fresh_nodes_resume_from_them(jobs, s
     assert len(results(out)) == 2
 
 
-def test_a_sharded_checkpoint_in_the_bucket_resumes_on_a_fresh_node_at_another_world_size(jobs, s3, bucket, tmp_path):
-    """A (dp 2 x tp 2) mesh saves its shards (torch.distributed.checkpoint) into the node's
-    folder; the mirror uploads the folder, and the checkpoint counts once its .metadata is
-    in the bucket. A fresh node with one process fetches all the shards and reshards them
-    into whole tensors, equal to what was saved."""
+def test_two_nodes_shards_in_the_bucket_resume_on_a_fresh_node_at_another_world_size(jobs, s3, bucket, tmp_path):
+    """A (dp 2 x tp 2) mesh on two nodes with no shared folder saves its shards
+    (torch.distributed.checkpoint): each node's folder holds its own ranks' shards, each
+    node uploads its own, rank 0's node the .metadata that names them all, and keep-last-3
+    prunes on both. A fresh node with one process fetches every shard of the newest
+    checkpoint and reshards them into whole tensors, equal to what was saved."""
     env = dict(s3.env(), CHECKPOINT_DIR=f"s3://{bucket}/mesh")
-    codes, out = jobs.run(1, ["--steps", "20", "--checkpoint-every", "20"], CACHE_DIR=str(tmp_path / "a"),
-                          PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=4, **env)
-    assert codes == [0], out[-4000:]
-    saved = {full for _, _, full in re.findall(r"SAVED rank=(\d+) step=20 shard=(\w+) full=(\w+)", out)}
-    listed = manifest_files(s3, bucket, "mesh/")
-    assert "ckpt-00000020.dcp/.metadata" in listed and len(listed) > 2, listed
-    codes, again = jobs.run(1, ["--steps", "30", "--checkpoint-every", "100"], CACHE_DIR=str(tmp_path / "b"),
+    codes, out = jobs.run(2, ["--steps", "40", "--checkpoint-every", "10"], CACHE_DIR=str(tmp_path / "a{node}"),
+                          PARALLEL_MODE="hybrid", TP_SIZE=2, NPROC_PER_NODE=2, **env)
+    assert codes == [0, 0], out[-4000:]
+    saved = {full for _, _, full in re.findall(r"SAVED rank=(\d+) step=40 shard=(\w+) full=(\w+)", out)}
+    assert len(saved) == 1, out[-3000:]
+    ours, theirs = manifest_files(s3, bucket, "mesh/", 0), manifest_files(s3, bucket, "mesh/", 1)
+    parts = ours["ckpt-00000040.dcp/.metadata"]["parts"]
+    assert any(p in theirs for p in parts) and all(p in ours or p in theirs for p in parts), (parts, ours, theirs)
+    assert not any(k.startswith(".") for k in {**ours, **theirs}), "a save's temporary folder went up"
+    codes, again = jobs.run(1, ["--steps", "50", "--checkpoint-every", "100"], CACHE_DIR=str(tmp_path / "b"),
                             PARALLEL_MODE="model_parallel", NPROC_PER_NODE=1, **env)
     assert codes == [0], again[-4000:]
-    assert re.findall(r"RESUMED rank=0 step=20 shard=(\w+) full=(\w+)", again) == [(*saved, *saved)], again[-3000:]
+    assert re.findall(r"RESUMED rank=0 step=40 shard=(\w+) full=(\w+)", again) == [(*saved, *saved)], again[-3000:]
 
 
 def test_a_node_joining_an_elastic_job_fetches_the_latest_checkpoint_before_its_ranks_start(jobs, s3, bucket, tmp_path):

@@ -1,6 +1,8 @@
 """Object storage's pure parts: bucket URLs in the contract, what a node stages, what a
 resume takes from the manifests, and what the mirror says (entrypoint/storage/)."""
 
+import pickle
+
 import pytest
 
 from entrypoint.contract.config import ConfigError, load_config
@@ -10,6 +12,7 @@ from entrypoint.machine import writable_dirs
 from entrypoint.storage import manifest
 from entrypoint.storage.client import StorageError
 from entrypoint.storage.mirror import MirrorReport, open_for_writing, report_line, scan
+from entrypoint.storage.shards import shard_files
 from entrypoint.storage.stage import plan_stage
 from entrypoint.storage.transfer import Obj, Progress
 
@@ -100,6 +103,49 @@ def test_a_resume_takes_the_newest_complete_checkpoint_of_each_kind_and_the_othe
                                                "ckpt-00000010.dcp/.metadata", "notes.txt"}
 
 
+def shards_of(step, *ranks, parts=True):
+    top = f"ckpt-{step:08d}.dcp"
+    named = tuple(f"{top}/__{r}_0.distcp" for r in ranks)
+    return {**{n: manifest.Entry(1, "h") for n in named},
+            f"{top}/.metadata": manifest.Entry(1, "m", parts=named if parts else None)}
+
+
+def test_a_sharded_checkpoint_counts_once_every_nodes_shards_are_listed():
+    node0 = {k: v for k, v in shards_of(20, 0, 1, 2, 3).items() if "__2" not in k and "__3" not in k}
+    node1 = {k: v for k, v in shards_of(20, 0, 1, 2, 3).items() if "__2" in k or "__3" in k}
+    older = shards_of(10, 0, 1, 2, 3)
+    assert manifest.complete_units(manifest.merge([older, node0])) == {"dcp": [(10, "ckpt-00000010.dcp")]}
+    assert set(manifest.resume_set(manifest.merge([older, node0]))) == set(older)
+    both = manifest.merge([older, node0, node1])
+    assert manifest.complete_units(both)["dcp"][-1] == (20, "ckpt-00000020.dcp")
+    assert manifest.complete_units(shards_of(5, 0, parts=False)) == {"dcp": [(5, "ckpt-00000005.dcp")]}  # names unknown
+    again = manifest.decode(manifest.encode(0, node0, "run"))
+    assert again["ckpt-00000020.dcp/.metadata"].parts == node0["ckpt-00000020.dcp/.metadata"].parts
+
+
+def test_an_older_sharded_checkpoint_is_deleted_only_once_a_newer_one_is_complete():
+    older, newer = shards_of(10, 0, 1), shards_of(20, 0, 1)
+    torn = {k: v for k, v in newer.items() if "__1" not in k}
+    assert not manifest.may_delete("ckpt-00000010.dcp/__0_0.distcp", manifest.merge([older, torn]))
+    assert not manifest.may_delete("ckpt-00000010.dcp/.metadata", manifest.merge([older, torn]))
+    assert manifest.may_delete("ckpt-00000010.dcp/__0_0.distcp", manifest.merge([older, newer]))
+    assert not manifest.may_delete("ckpt-00000020.dcp/__0_0.distcp", manifest.merge([older, newer]))
+    assert manifest.may_delete("ckpt-00000010.pt", {}) and manifest.may_delete("notes.txt", {})
+
+
+class StorageInfo:                                  # the shape of DCP's _StorageInfo
+    def __init__(self, path):
+        self.relative_path, self.offset, self.length = path, 0, 8
+
+
+def test_the_shard_names_come_from_the_metadata_pickle_without_running_it(tmp_path):
+    meta = {"storage_data": {i: StorageInfo(f"__{i % 2}_0.distcp") for i in range(4)}, "planner": "x.distcp/../y"}
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(meta))
+    assert shard_files(str(tmp_path / ".metadata")) == ("__0_0.distcp", "__1_0.distcp")
+    (tmp_path / "bad").write_bytes(b"not a pickle")
+    assert shard_files(str(tmp_path / "bad")) is None
+
+
 def test_without_the_projects_naming_a_resume_takes_every_file_and_the_manifests_merge():
     keras = entries("chief/checkpoint", "chief/ckpt-1.index", "chief/ckpt-1.data-00000-of-00001")
     assert manifest.resume_set(keras) == keras
@@ -124,9 +170,11 @@ def test_the_mirror_sees_finished_files_only_and_which_are_open_for_writing(tmp_
 
 def test_the_mirrors_last_line_says_what_is_in_the_bucket_and_what_is_not():
     url = BucketUrl("s3", "runs", "j/")
-    ok = report_line(url, "/c", MirrorReport(3, 3 * 2**20, 1, (), None))
+    ok = report_line(url, "/c", MirrorReport(3, 3 * 2**20, 1, 0, (), None))
     assert ok == "checkpoints: uploaded 3 files (3.0 MiB), removed 1 pruned to s3://runs/j/; everything finished is in the bucket"
-    bad = report_line(url, "/c", MirrorReport(1, 10, 0, ("ckpt-00000002.pt",), "AccessDenied (Access Denied) from X"))
+    waiting = report_line(url, "/c", MirrorReport(3, 3 * 2**20, 0, 2, (), None))
+    assert "kept 2 pruned shards until the other nodes' newer ones are up" in waiting and "everything finished" in waiting
+    bad = report_line(url, "/c", MirrorReport(1, 10, 0, 0, ("ckpt-00000002.pt",), "AccessDenied (Access Denied) from X"))
     assert "NOT uploaded: ckpt-00000002.pt: AccessDenied (Access Denied) from X; the local copy stays in /c" in bad
 
 
