@@ -13,12 +13,14 @@ Two steps, as in horovod's gloo_run (compute slots, then launch):
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
-from .contract.config import Config, ConfigError, load_config
+from .contract.config import VARIABLE_NAMES, Config, ConfigError, load_config
 from .contract.manifest import Image
 from .contract.schedulers import DirectRank, translate
+from .contract.spelling import describe, suspects
 from .job.placement import Placement
 from .launchers import Launcher, Rendezvous, choose
 from .machine import accelerators
@@ -81,7 +83,15 @@ def plan_from_env(env: dict[str, str], image: Image, hw: Hardware, script_args: 
     Raises ConfigError with the one line the user sees."""
     translation = translate(env)
     config = load_config(translation.env, image, tuple(script_args), translation.sources)
-    return plan_node(config, hw, image, translation.direct, python=python)
+    misspelt = [] if config.unknown_variables == "ignore" else suspects(env, VARIABLE_NAMES)
+    if misspelt and config.unknown_variables == "error":
+        more = f" ({len(misspelt) - 1} more: {', '.join(n for n, _ in misspelt[1:])})" if len(misspelt) > 1 else ""
+        raise ConfigError(f"{describe(*misspelt[0])}{more}; UNKNOWN_VARIABLES=error refuses it")
+    plan = plan_node(config, hw, image, translation.direct, python=python)
+    if misspelt:
+        noted = tuple(f"{describe(*m)} (UNKNOWN_VARIABLES=error refuses it, =ignore silences this)" for m in misspelt)
+        plan = dataclasses.replace(plan, warnings=noted + plan.warnings)
+    return plan
 
 
 def _parallel_env(config: Config, world: int | None) -> dict[str, str]:

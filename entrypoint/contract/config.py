@@ -299,6 +299,10 @@ VARIABLES = (
     Var("P2P_DISABLE", Flag(), None, "0 | 1: disable NCCL peer-to-peer (NCCL_P2P_DISABLE), for poor PCIe topologies"),
     Var("COMM_DEBUG", Choice(COMM_DEBUG), None, "off | warn | info | trace: NCCL_DEBUG for the workers"),
     Var("EXPLAIN", Flag(), "0", '`1`: print the plan, start nothing'),
+    Var("UNKNOWN_VARIABLES", Choice(("warn", "error", "ignore")), "warn",
+        "a set variable that looks like one of these but is not (`FRAMWORK`, `NUM_NODE`, "
+        "`CHECKPOINTS_DIR`, `ELASTIC_TIMEOUT`): `warn` (one line each, with the likely name), "
+        "`error` (exit 2 before anything starts), `ignore`; other variables never warn"),
     # The frameworks' and libraries' own variables that the plan reads: the user's value wins.
     Var("OMP_NUM_THREADS", PassThrough(), None, "threads per process for OpenMP; default: the node's CPUs "
                                                 "divided by its processes"),
@@ -373,6 +377,7 @@ class Config:
     p2p_disable: bool | None = None
     comm_debug: str | None = None
     explain: bool = False
+    unknown_variables: str = "warn"
     hang_timeout: int = 300
     straggler_factor: float = 1.5
     straggler_window: int = 60

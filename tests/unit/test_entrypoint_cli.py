@@ -34,6 +34,7 @@ BAD = [
     {"JOB_SECRET": "too-short"},
     {"JOB_SECRET_FILE": "/nonexistent/job_secret"},
     {"JOB_SECRET_FILE": "/dev/null"},
+    {"NUM_NODE": "2", "UNKNOWN_VARIABLES": "error"},
 ]
 
 
@@ -71,6 +72,13 @@ def test_explain_prints_the_plan_and_starts_nothing():
     assert result.returncode == 0, result.stderr
     assert "MultiWorkerMirroredStrategy" in result.stdout and "TF_CONFIG=" in result.stdout
     assert "job store 10.1.2.3:29500" in result.stdout
+
+
+def test_a_misspelt_variable_warns_in_the_dry_run_with_the_likely_name():
+    result = entrypoint({"FRAMWORK": "tensorflow", "LR": "0.1"}, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in (result.stdout + result.stderr).splitlines() if "not a variable" in line]
+    assert len(warned) == 1 and "FRAMWORK is not a variable of this image; did you mean FRAMEWORK?" in warned[0]
 
 
 def test_dry_run_flag_and_script_arguments():

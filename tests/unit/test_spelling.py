@@ -1,0 +1,54 @@
+"""Variables that look like the contract's but are not (entrypoint/contract/spelling.py)."""
+
+import pytest
+
+from entrypoint.contract.config import VARIABLE_NAMES, ConfigError
+from entrypoint.contract.spelling import suspects
+from testing.plans import plan
+
+# The misspellings a new user made, each of which trained with the defaults and exit 0.
+MISSPELT = {"FRAMWORK": "FRAMEWORK", "NUM_NODE": "NUM_NODES", "NPROCS_PER_NODE": "NPROC_PER_NODE",
+            "LAUNCHR": "LAUNCHER", "CHECKPOINTS_DIR": "CHECKPOINT_DIR", "framework": "FRAMEWORK",
+            "MASTER_HOST": "MASTER_ADDR", "NNODES": "NUM_NODES", "PARALELL_MODE": "PARALLEL_MODE"}
+# Ordinary variables: the shell's, the schedulers', other libraries', the script's own.
+ORDINARY = ["PATH", "HOSTNAME", "HOME", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME",
+            "OMP_NUM_THREAD", "HF_HOME", "HF_DATASETS_CACHE", "KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT",
+            "SLURM_NNODES", "AWS_REGION", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_NAME", "POD_IP", "LR",
+            "BATCH_SIZE", "EPOCHS", "NUM_EPOCHS", "MODEL_NAME", "WANDB_API_KEY", "TORCH_HOME", "PYTHONPATH",
+            "LD_LIBRARY_PATH", "TF_FORCE_GPU_ALLOW_GROWTH", "HOROVOD_FUSION_THRESHOLD", "NVIDIA_VISIBLE_DEVICES",
+            "DISTTRAIN_JOB_STORE", "TZ", "LANG", "SEED", "OUTPUT_DIR", "LOG_DIR", "DATA_PATH", "TRAIN_ARGS",
+            "TRAIN_FILE", "CHECKPOINT_EVERY", "S3_BUCKET", "SYNC_BN"]
+
+
+@pytest.mark.parametrize("name,likely", sorted(MISSPELT.items()))
+def test_a_near_miss_is_named_with_the_likely_variable(name, likely):
+    assert suspects({name: "x"}, VARIABLE_NAMES) == [(name, likely)]
+
+
+def test_ordinary_variables_never_warn_nor_do_the_contracts_own():
+    env = {name: "1" for name in ORDINARY + list(VARIABLE_NAMES)}
+    assert suspects(env, VARIABLE_NAMES) == []
+
+
+def test_an_unknown_name_under_a_prefix_only_the_contract_uses_warns_without_a_guess():
+    assert suspects({"ELASTIC_WAIT": "5", "STRAGGLER_LIMIT": "2"}, VARIABLE_NAMES) == [
+        ("ELASTIC_WAIT", None), ("STRAGGLER_LIMIT", None)]
+
+
+def test_the_plan_warns_once_per_misspelling_and_trains_with_what_was_given():
+    p = plan(FRAMWORK="tensorflow", NUM_NODE=2, LR="0.1")
+    assert p.config.framework == "pytorch"
+    assert [w for w in p.warnings if "not a variable" in w] == [
+        "FRAMWORK is not a variable of this image; did you mean FRAMEWORK? "
+        "(UNKNOWN_VARIABLES=error refuses it, =ignore silences this)",
+        "NUM_NODE is not a variable of this image; did you mean NUM_NODES? "
+        "(UNKNOWN_VARIABLES=error refuses it, =ignore silences this)"]
+    assert not [w for w in plan(FRAMWORK="x", UNKNOWN_VARIABLES="ignore").warnings if "not a variable" in w]
+
+
+def test_strict_mode_refuses_a_misspelling_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        plan(CHECKPOINTS_DIR="/tmp/x", LAUNCHR="horovod", UNKNOWN_VARIABLES="error")
+    assert str(err.value) == ("CHECKPOINTS_DIR is not a variable of this image; did you mean CHECKPOINT_DIR? "
+                              "(1 more: LAUNCHR); UNKNOWN_VARIABLES=error refuses it")
+    plan(LR="0.1", UNKNOWN_VARIABLES="error")
