@@ -87,9 +87,10 @@ class Outcome:
         return Outcome.failed(f"{label} {how}", code)
 
     def aborting(self) -> "Outcome":
-        """What this node's outcome means for the other nodes of the job: stopped and hung
-        jobs end with the same code on every node; anything else fails them with 1."""
-        code = self.code if self.state in (NodeState.STOPPED, NodeState.HUNG) else 1
+        """What this node's outcome means for the other nodes of the job: every node ends
+        with its code (a failed rank's own, 143 for a stop, 124 for a hang), so that the job's
+        exit code is the same wherever it is read; a lost node (no code of its own) fails them with 1."""
+        code = self.code if self.state in (NodeState.STOPPED, NodeState.HUNG, NodeState.FAILED) else 1
         return Outcome(NodeState.ABORTED, code, self.reason, cause=self.state)
 
     # ----------------------------------------------------------------- properties

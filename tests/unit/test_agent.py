@@ -56,8 +56,9 @@ class Result:
         return bool(self.failures)
 
 
-def test_a_failed_worker_fails_the_node_with_torchruns_exit_code():
+def test_a_failed_worker_fails_the_node_with_its_own_exit_code():
     assert InProcessTorchrun._outcome(Result({})).ok
     outcome = InProcessTorchrun._outcome(Result({3: Failure(-9), 2: Failure(7)}))
-    assert (outcome.state, outcome.code) == (NodeState.FAILED, 1) and "rank 2 exited with 7" in outcome.reason
-    assert "rank 1 was killed by SIGKILL" in InProcessTorchrun._outcome(Result({1: Failure(-9)})).reason
+    assert (outcome.state, outcome.code) == (NodeState.FAILED, 7) and "rank 2 exited with 7" in outcome.reason
+    killed = InProcessTorchrun._outcome(Result({1: Failure(-9)}))
+    assert "rank 1 was killed by SIGKILL" in killed.reason and killed.code == 137

@@ -112,4 +112,4 @@ def test_dry_run_of_a_program_and_of_a_forced_script_argument(tmp_path):
     result = entrypoint(env, "--dry-run", "sh", "-c", "true")
     assert result.returncode == 0 and "runs:  sh -c true" in result.stdout and "OMP_NUM_THREADS=" in result.stdout
     result = entrypoint(env, "--dry-run", "--", "sh")
-    assert result.returncode == 0 and re.search(r"torch.distributed.run .*train\.py sh$", result.stdout, re.M)
+    assert result.returncode == 0 and re.search(r"entrypoint.launchers.torchrun.run .*train\.py sh$", result.stdout, re.M)

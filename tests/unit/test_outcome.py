@@ -24,7 +24,8 @@ def test_what_an_outcome_means_for_the_other_nodes():
     assert (stopped.state, stopped.code, stopped.cause) == (NodeState.ABORTED, 143, NodeState.STOPPED)
     assert stopped.on_purpose
     failed = Outcome.failed("rank 0 exited with 9", 9).aborting()
-    assert (failed.code, failed.on_purpose) == (1, False)
+    assert (failed.code, failed.on_purpose) == (9, False)          # the job's code is the failed rank's
+    assert Outcome.lost("node 1 lost").aborting().code == 1
     assert not Outcome.left(signal.SIGTERM).ends_job and Outcome.lost("x").ends_job
 
 

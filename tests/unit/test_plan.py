@@ -25,7 +25,7 @@ def test_local_torchrun():
     p = plan(NPROC_PER_NODE=2)
     [spec] = plan_processes(p, at(0, nodes(2)))
     argv = list(spec.argv)
-    assert argv[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in argv
+    assert argv[:3] == ["py", "-m", "entrypoint.launchers.torchrun.run"] and "--standalone" in argv
     assert "--nproc-per-node=2" in argv and argv[-3:] == ["/app/code/train.py", "--steps", "3"]
     assert spec.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
     assert spec.env["OMP_NUM_THREADS"] == "1" and spec.env["DATA_DIR"] == "/app/data"

@@ -90,7 +90,7 @@ def test_tpu_host_runs_one_xla_process_per_host():
 def test_one_process_per_chip_when_asked():
     p = plan(NPROC_PER_NODE=4)
     [spec] = plan_processes(p, Placement(0, (NodeInfo(0, "127.0.0.1", 4),)))
-    assert spec.argv[:3] == ("py", "-m", "torch.distributed.run") and "--nproc-per-node=4" in spec.argv
+    assert spec.argv[:3] == ("py", "-m", "entrypoint.launchers.torchrun.run") and "--nproc-per-node=4" in spec.argv
     assert spec.env["PJRT_DEVICE"] == "TPU" and not isinstance(p.launcher, XlaHost) and p.world_size == 4
     assert "NPROC_PER_NODE=8" in error(NPROC_PER_NODE=8) and "this host has 4" in error(NPROC_PER_NODE=8)
 

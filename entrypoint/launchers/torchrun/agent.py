@@ -35,6 +35,7 @@ from ...running.outcome import NodeState, Outcome
 from ...running.reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from ...running.signals import Signals
 from .launch import Torchrun, TorchrunLaunch
+from .run import worker_failure
 from .worker_stores import WorkersStores
 
 AGENT_LABEL = "torchrun"
@@ -261,13 +262,12 @@ class InProcessTorchrun:
 
     @staticmethod
     def _outcome(result) -> Outcome:
-        """The agent's RunResult as the node's outcome; torchrun exits 1 when a worker failed."""
+        """The agent's RunResult as the node's outcome: the failed worker's own exit code
+        (torchrun itself exits 1)."""
         if result is None or not result.is_failed():
             return Outcome.succeeded()
         rank, failure = min(result.failures.items())
-        code = failure.exitcode
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-        return Outcome.failed(f"{AGENT_LABEL}: rank {rank} {how}", 1)
+        return Outcome.failed(*worker_failure(rank, failure.exitcode))
 
     # ----------------------------------------------------------------- Supervised
     def poll(self) -> Outcome | None:

@@ -29,6 +29,7 @@ from ..xla import tpu_slice_env
 # torch's default since 2.3, written out because older torch defaulted to 5 s.
 MONITOR_INTERVAL_S = 0.1
 TORCHRUN_PREFIX = "[rank${rank}]: "
+RUN_MODULE = "entrypoint.launchers.torchrun.run"    # torchrun, with the failed worker's exit code (run.py)
 KEEP_ALIVE_INTERVAL_S = 1
 
 
@@ -53,8 +54,9 @@ class TorchrunLaunch:
     def elastic(self) -> bool:
         return ":" in self.nnodes
 
-    def argv(self, python: str) -> tuple[str, ...]:
-        argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc_per_node}", "--tee=3",
+    def argv(self, python: str, module: str = "torch.distributed.run") -> tuple[str, ...]:
+        """torchrun's command line; `module`: what runs it (RUN_MODULE: the failed worker's exit code)."""
+        argv = [python, "-m", module, f"--nproc-per-node={self.nproc_per_node}", "--tee=3",
                 f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.monitor_interval:g}",
                 f"--rdzv-id={self.run_id}"]
         if self.standalone:
@@ -148,4 +150,6 @@ class Torchrun(Launcher):
 
     def processes(self, plan, placement) -> list[ProcessSpec]:
         launch = self.launch(plan, placement)
-        return [ProcessSpec("torchrun", launch.argv(plan.python), launch.env)]
+        # In the entrypoint (agent.py), the command line only configures torch's agent.
+        module = "torch.distributed.run" if self.in_process else RUN_MODULE
+        return [ProcessSpec("torchrun", launch.argv(plan.python, module), launch.env)]

@@ -1,0 +1,45 @@
+"""torchrun, ending with the failed worker's own exit code.
+
+    python -m entrypoint.launchers.torchrun.run TORCHRUN-ARGUMENTS...
+
+takes torchrun's command line and runs it as torchrun does (torch.distributed.run). When a
+worker fails, torchrun itself ends with 1 and a report of some thirty lines (a traceback of
+its ChildFailedError); this ends with that worker's code, 128 + N for one killed by signal
+N, and one line naming the rank. The entrypoint starts this for its torchrun subprocess
+(one node; PyTorch/XLA); its agent across nodes (agent.py) reads the same failure from its
+RunResult, through `worker_failure`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ...running.outcome import signal_code, signal_name
+
+LABEL = "torchrun"
+
+
+def worker_failure(rank: int, code: int) -> tuple[str, int]:
+    """The line and the exit code for a worker of global rank `rank` that ended with `code`
+    (negative: killed by that signal, as torch reports it)."""
+    if code < 0:
+        return f"{LABEL}: rank {rank} was killed by {signal_name(-code)}", signal_code(-code)
+    return f"{LABEL}: rank {rank} exited with {code}", code if code > 0 else 1
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        line, code = worker_failure(rank, failure.exitcode)
+        print(line, file=sys.stderr, flush=True)
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
