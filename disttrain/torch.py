@@ -77,11 +77,26 @@ def init(backend: str | None = None, timeout_s: int = 1800) -> RankInfo:
         _state["hvd"] = hvd
         return info
     if not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:        # a plain single process
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK="0", WORLD_SIZE="1")
+        if "MASTER_ADDR" not in os.environ:
+            os.environ.update(_one_host_rendezvous(info, os.environ))
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout_s))
     return info
+
+
+def _one_host_rendezvous(info: RankInfo, env) -> dict[str, str]:
+    """torch.distributed's variables for a process that no torchrun started: a plain single
+    process, or one of the ranks that mpirun, horovodrun or srun started on one host (their
+    rank and size, as context() reads them, meeting on 127.0.0.1:MASTER_PORT, 29500 unless
+    set). Across hosts, only the user knows where rank 0 is: MASTER_ADDR must be set."""
+    single_host = info.local_world_size >= info.world_size or "1" in (env.get("SLURM_NNODES"),
+                                                                      env.get("SLURM_JOB_NUM_NODES"))
+    if not single_host:
+        raise RuntimeError(f"disttrain.torch.init(): rank {info.rank} of {info.world_size} on more than one host "
+                           f"({info.local_world_size} here) and no MASTER_ADDR: set MASTER_ADDR (rank 0's host) "
+                           f"and MASTER_PORT for every rank, or start the job with the image's entrypoint")
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+            "RANK": str(info.rank), "WORLD_SIZE": str(info.world_size)}
 
 
 class _Launched:

@@ -250,13 +250,16 @@ def test_a_shell_after_the_image_is_a_shell_with_the_training_environment(image)
 
 
 def test_horovodrun_and_mpirun_inside_the_image_as_documented(image, tmp_path):
-    """Horovod's own documented line, as the image's user, without SSH; then plain mpirun."""
+    """Horovod's own documented line, as the image's user, without SSH; then plain mpirun.
+    Both with a Horovod script, and with the bundled train.py (disttrain.torch.init():
+    torch.distributed with the world mpirun started, not a world of one per process)."""
     code = code_dir(tmp_path, train__py=(SEED / "horovod_snippet.py").read_text())
-    for command in (["horovodrun", "-np", "2", "-H", "localhost:2", "python", "train.py"],
-                    ["mpirun", "-np", "2", "python", "train.py"]):
-        run = run_image(*command, code=code)
-        assert run.returncode == 0, command + [run.stdout[-2000:], run.stderr[-2000:]]
-        assert_replicas_agree(run.stdout, 2)
+    for script in (["train.py"], ["/opt/disttrain/examples/train.py", "--steps", "40"]):
+        for command in (["horovodrun", "-np", "2", "-H", "localhost:2", "python", *script],
+                        ["mpirun", "-np", "2", "python", *script]):
+            run = run_image(*command, code=code)
+            assert run.returncode == 0, command + [run.stdout[-2000:], run.stderr[-2000:]]
+            assert_replicas_agree(run.stdout, 2)
 
 
 ARGS_SCRIPT = "import sys\nprint('ARGS', sys.argv[1:], flush=True)\n"

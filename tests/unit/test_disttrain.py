@@ -232,3 +232,17 @@ def test_finish_tears_down_the_group_flushes_and_exits_without_the_interpreters_
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr[-2000:]
     assert done.stdout == "trained destroyed "
+
+
+def test_a_rank_that_mpirun_or_horovodrun_started_on_one_host_meets_the_others_on_loopback():
+    torch_helpers = pytest.importorskip("disttrain.torch")
+    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert torch_helpers._one_host_rendezvous(RankInfo.from_env(mpi), mpi) == {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "2"}
+    alone = torch_helpers._one_host_rendezvous(RankInfo.from_env({}), {"MASTER_PORT": "4000"})
+    assert alone == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4000", "RANK": "0", "WORLD_SIZE": "1"}
+    srun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}
+    assert torch_helpers._one_host_rendezvous(RankInfo.from_env(srun), srun)["RANK"] == "3"
+    across = {**mpi, "OMPI_COMM_WORLD_SIZE": "4"}
+    with pytest.raises(RuntimeError, match="more than one host .* set MASTER_ADDR"):
+        torch_helpers._one_host_rendezvous(RankInfo.from_env(across), across)
