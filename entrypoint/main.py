@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if dry_run or plan.config.explain:
         try:
+            hardware.check_interface(plan.config.net_ifname)     # the real run's checks that need no peer
             processes = plan_processes(plan, assumed_placement(plan))
-        except ConfigError as exc:
+        except (ConfigError, LookupError) as exc:
             log.say(str(exc), error=True)
             return EXIT_BAD_INPUT
         print(explain(plan, processes, env), flush=True)

@@ -583,7 +583,26 @@ def nccl_settings(v: Values, env: dict) -> Values:
     for ours, nccl in NCCL_MAPPING.items():
         if nccl in wanted and nccl in env and env[nccl] != wanted[nccl]:
             raise ConfigError(f"{ours}={env[ours]!r} conflicts with {nccl}={env[nccl]!r}; set only one of them")
+    iface = v["NET_IFNAME"]
+    for name in IFNAME_VARIABLES:
+        if iface and env.get(name) and not interface_matches(env[name], iface):
+            raise ConfigError(f"NET_IFNAME={iface!r} conflicts with {name}={env[name]!r}, which does not select "
+                              f"it; set only one of them")
     return {"nccl_env": wanted}
+
+
+# What NET_IFNAME sets (running/specs.py), which a user's own value must agree with.
+IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE")
+
+
+def interface_matches(selector: str, iface: str) -> bool:
+    """Whether NCCL's interface selector (`eth` prefixes, `=eth0` exact names, `^docker`
+    exclusions, comma-separated) selects `iface`."""
+    exact = selector.startswith("=")
+    exclude = selector.startswith("^")
+    names = [n for n in selector.lstrip("=^").split(",") if n]
+    hit = any(iface == n if exact else iface.startswith(n) for n in names)
+    return not hit if exclude else hit
 
 
 def object_storage(v: Values, env: dict) -> Values:

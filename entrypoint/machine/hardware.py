@@ -146,13 +146,19 @@ def interfaces() -> dict[str, list[str]]:
             for name, addrs in psutil.net_if_addrs().items()}
 
 
+def check_interface(wanted: str | None, table: dict[str, list[str]] | None = None) -> None:
+    """NET_IFNAME names an interface of this machine (LookupError, one line, if not)."""
+    table = interfaces() if table is None else table
+    if wanted and wanted not in table:
+        raise LookupError(f"NET_IFNAME={wanted!r}: no such interface; allowed: {', '.join(sorted(table))}")
+
+
 def choose_interface(master_ip: str, source_ip: str, table: dict[str, list[str]],
                      wanted: str | None) -> tuple[str | None, list[str]]:
     """Pick the interface for NCCL/Gloo/Horovod traffic. Pure. Returns (name, warnings)."""
     warnings = []
     if wanted:
-        if wanted not in table:
-            raise LookupError(f"NET_IFNAME={wanted!r}: no such interface; allowed: {', '.join(sorted(table))}")
+        check_interface(wanted, table)
         return wanted, warnings
     name = next((n for n, ips in table.items() if source_ip in ips), None)
     remote = not ipaddress.ip_address(master_ip).is_loopback and not any(master_ip in ips for ips in table.values())

@@ -218,6 +218,16 @@ def test_nccl_variable_conflict_is_an_error():
     assert "IB_HCA='mlx5_0:1' conflicts with NCCL_IB_HCA='mlx5_1:1'" in message
 
 
+def test_an_interface_variable_that_does_not_select_net_ifname_is_an_error():
+    assert error(NET_IFNAME="lo", NCCL_SOCKET_IFNAME="eth0") == (
+        "NET_IFNAME='lo' conflicts with NCCL_SOCKET_IFNAME='eth0', which does not select it; set only one of them")
+    assert "GLOO_SOCKET_IFNAME='eth1'" in error(NET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth1")
+    assert "NCCL_SOCKET_IFNAME='^lo,docker'" in error(NET_IFNAME="lo", NCCL_SOCKET_IFNAME="^lo,docker")
+    for agreeing in ("eth0", "eth", "=eth0", "^docker,lo", "ib,eth"):      # NCCL's selector syntax
+        config(NET_IFNAME="eth0", NCCL_SOCKET_IFNAME=agreeing)
+    config(NCCL_SOCKET_IFNAME="eth0")                                         # alone, it is NCCL's own
+
+
 def test_script_arguments_pass_through():
     c = load_config({}, Image(FRAMEWORKS, LAUNCHERS), ("--steps", "5"))
     assert c.script_args == ("--steps", "5")

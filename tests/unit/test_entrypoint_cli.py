@@ -35,6 +35,7 @@ BAD = [
     {"JOB_SECRET_FILE": "/nonexistent/job_secret"},
     {"JOB_SECRET_FILE": "/dev/null"},
     {"NUM_NODE": "2", "UNKNOWN_VARIABLES": "error"},
+    {"NET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "eth0"},
 ]
 
 
@@ -79,6 +80,13 @@ def test_a_misspelt_variable_warns_in_the_dry_run_with_the_likely_name():
     assert result.returncode == 0, result.stderr
     warned = [line for line in (result.stdout + result.stderr).splitlines() if "not a variable" in line]
     assert len(warned) == 1 and "FRAMWORK is not a variable of this image; did you mean FRAMEWORK?" in warned[0]
+
+
+@pytest.mark.parametrize("env", [{"NET_IFNAME": "eth9"}, {"NET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "eth0"}])
+def test_the_dry_run_refuses_what_the_real_run_refuses(env):
+    result = entrypoint(env, "--dry-run")
+    assert result.returncode == 2 and "NET_IFNAME=" in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.stdout[-2000:] + result.stderr
 
 
 def test_dry_run_flag_and_script_arguments():
