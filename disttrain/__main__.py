@@ -13,7 +13,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from . import status
-    parser = argparse.ArgumentParser(prog="disttrain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="disttrain", description=__doc__.split("\n\n")[0].replace("\n", " "))
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("status", help="the job's ranks: steps, step time, idle time, who is behind")
     show.add_argument("--json", action="store_true", help="the status file as it is")

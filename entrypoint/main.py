@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:
         log.say(str(exc), error=True)
         return 1
-    log.say(f"done: exit {outcome.code} after {time.monotonic() - started:.1f}s")
+    # A failure and its reasons go to stderr, so that no pipe puts the verdict first; a
+    # success and a stop asked for (SIGTERM) to stdout.
+    log.say(f"done: exit {outcome.code} after {time.monotonic() - started:.1f}s",
+            error=not (outcome.ok or outcome.on_purpose))
     sys.stdout.flush()
     sys.stderr.flush()
     # Leave now: the processes are stopped and the output flushed. Interpreter teardown

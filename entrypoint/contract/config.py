@@ -82,7 +82,8 @@ class Int:
     def parse(self, name: str, text: str, image: Image) -> int | None:
         if self.auto and text.strip().lower() == "auto":
             return None
-        bounds = f"must be an integer >= {self.low}" + (f" and <= {self.high}" if self.high else "")
+        bounds = (f"must be an integer >= {self.low}" + (f" and <= {self.high}" if self.high else "")
+                  + (", or auto" if self.auto else ""))
         try:
             number = int(text.strip())
         except ValueError:

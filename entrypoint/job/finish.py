@@ -69,7 +69,7 @@ class Finishing:
             return outcome
         aborted = self.ends.aborted()
         if aborted is not None:
-            self.log.say(f"stopping: {aborted.reason}")
+            self.log.say(f"stopping: {aborted.reason}", error=not aborted.on_purpose)
             return aborted
         return outcome
 

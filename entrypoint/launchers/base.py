@@ -157,7 +157,9 @@ class Launcher:
         from ..running.supervisor import Supervisor
 
         processes = self.processes(plan, job.placement)
-        log.say(f"starting {len(processes)} process(es): {self.describe()}")
+        started = f"{len(processes)} process(es)" if len(processes) > 1 or self.nproc == 1 else \
+            f"{self.nproc} training processes"
+        log.say(f"starting {started}: {self.describe()}")
         token = new_token()
         watch = watching(job, serverless=not any(p.critical for p in processes), token=token)
         return Supervisor(processes, base_env, self.config.grace_period, log, watch=watch, signals=signals,

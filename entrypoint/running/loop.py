@@ -75,7 +75,7 @@ class WatchEverySecond:
         self._last = now
         verdict = self.watch.check()
         if verdict is not None and verdict.state is not NodeState.SUCCEEDED:
-            self.log.say(f"stopping: {verdict.reason}")
+            self.log.say(f"stopping: {verdict.reason}", error=not verdict.on_purpose)
         return verdict
 
 

@@ -139,7 +139,7 @@ class Supervisor:
             code = proc.poll()
             if code is not None and code != 0:
                 outcome = Outcome.of_process(spec.label, code)
-                self.log.say(f"{outcome.reason}: stopping the others")
+                self.log.say(f"{outcome.reason}: stopping the others", error=True)
                 return outcome
         if critical and all(p.poll() == 0 for _, p in critical):
             return Outcome.succeeded()          # servers (TF ps/workers) end with the chief

@@ -274,7 +274,7 @@ class InProcessTorchrun:
         if not self._done.is_set():
             return None
         if self._result.state is not NodeState.SUCCEEDED:
-            self.log.say(f"{self._result.reason}: stopping")
+            self.log.say(f"{self._result.reason}: stopping", error=True)
         return self._result
 
     def what(self) -> str:
