@@ -21,3 +21,19 @@ def test_a_ranks_own_exit_code_is_the_jobs(jobs, nodes, env):
     assert "rank 1: exiting with 7" in out and "Traceback" not in out, out[-4000:]
     if nodes == 2:
         assert "stopping: node 1: torchrun: rank 1 exited with 7" in out, out[-4000:]
+
+
+def test_a_failures_reason_and_verdict_share_stderr_so_no_pipe_reorders_them(tmp_path):
+    import subprocess
+
+    from testing.cluster import base_env
+    from testing.processes import entrypoint
+
+    env = base_env(tmp_path, ENTRYPOINT=SCRIPT, NPROC_PER_NODE=2)
+    done = subprocess.run(entrypoint("--rank", "0", "--code", "5"), env=env, cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-2000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("entrypoint: ")]
+    assert len(ours) >= 2 and "exited with 5: stopping the others" in ours[-2], done.stderr
+    assert ours[-1].startswith("entrypoint: done: exit 5 after "), done.stderr
+    assert "done: exit" not in done.stdout and "starting 2 training processes: torchrun" in done.stdout
