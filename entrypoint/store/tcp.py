@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import os
 import queue
 import socket
 import threading
@@ -50,15 +51,28 @@ def _import_torch() -> None:
     """torch.distributed, imported with the cyclic collector paused, then frozen out of its
     way. The import makes ~170k objects that live as long as the process and no garbage
     worth collecting, yet the collector would walk them all, two or three times during the
-    import and in every full collection after it (up to 0.1 s of CPU each)."""
+    import and in every full collection after it (up to 0.1 s of CPU each).
+
+    In this process, torch's C++ log stays quiet (c10 reads TORCH_CPP_LOG_LEVEL once, when
+    torch loads): a TCPStore client logs each failed try with a C++ stack of 20-odd frames,
+    some 260 lines before the one line that says why (a master that wants a JOB_SECRET,
+    one that is not there yet), and the entrypoint says what failed in its own lines. The
+    variable is put back at once, so the training processes log as torch does."""
     was_enabled = gc.isenabled()
     gc.disable()
+    before = os.environ.get(CPP_LOG_LEVEL)
+    os.environ.setdefault(CPP_LOG_LEVEL, "FATAL")
     try:
         import torch.distributed  # noqa: F401
     finally:
+        if before is None:
+            os.environ.pop(CPP_LOG_LEVEL, None)
         if was_enabled:
             gc.enable()
     gc.freeze()
+
+
+CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 
 
 def _first_line(exc: BaseException) -> str:
