@@ -14,4 +14,5 @@ rank = int(os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or os.enviro
 if rank == args.rank:
     print(f"rank {rank}: exiting with {args.code}", flush=True)
     sys.exit(args.code)
+print(f"rank {rank}: waiting", flush=True)
 time.sleep(60)

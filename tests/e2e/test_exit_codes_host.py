@@ -37,3 +37,20 @@ def test_a_failures_reason_and_verdict_share_stderr_so_no_pipe_reorders_them(tmp
     assert len(ours) >= 2 and "exited with 5: stopping the others" in ours[-2], done.stderr
     assert ours[-1].startswith("entrypoint: done: exit 5 after "), done.stderr
     assert "done: exit" not in done.stdout and "starting 2 training processes: torchrun" in done.stdout
+
+
+def test_a_stopped_torchrun_job_says_so_in_a_line_with_no_traceback(jobs):
+    """`docker stop` (SIGTERM) of a one-node PyTorch job: torchrun's SignalException used to
+    print a 30-line traceback, and its agent a warning for each worker it stopped."""
+    import signal
+
+    from testing.cluster import wait_for
+
+    [node] = jobs.start(1, ["--rank", "9"], ENTRYPOINT=SCRIPT, NPROC_PER_NODE=2)
+    wait_for(node, "rank 1: waiting", 60)
+    wait_for(node, "rank 0: waiting", 10)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(60) == 143, node.output[-3000:]
+    lines = node.output.splitlines()
+    assert "Traceback" not in node.output and "closing signal" not in node.output, node.output[-3000:]
+    assert "torchrun: stopped by SIGTERM" in node.output and len(lines) <= 8, node.output[-3000:]

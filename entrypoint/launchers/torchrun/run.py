@@ -5,13 +5,15 @@
 takes torchrun's command line and runs it as torchrun does (torch.distributed.run). When a
 worker fails, torchrun itself ends with 1 and a report of some thirty lines (a traceback of
 its ChildFailedError); this ends with that worker's code, 128 + N for one killed by signal
-N, and one line naming the rank. The entrypoint starts this for its torchrun subprocess
+N, and one line naming the rank. Stopped by a signal (`docker stop`), it says so in one
+line rather than a traceback of its SignalException. The entrypoint starts this for its torchrun subprocess
 (one node; PyTorch/XLA); its agent across nodes (agent.py) reads the same failure from its
 RunResult, through `worker_failure`.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from ...running.outcome import signal_code, signal_name
@@ -27,10 +29,21 @@ def worker_failure(rank: int, code: int) -> tuple[str, int]:
     return f"{LABEL}: rank {rank} exited with {code}", code if code > 0 else 1
 
 
+def quiet_warnings() -> None:
+    """torch's elastic agent warns of each step of a stop it was asked for ("Received 15
+    death signal", "Sending process N closing signal SIGTERM" for each worker): its own
+    errors still reach the console, the entrypoint says what stopped."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    quiet_warnings()
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
@@ -38,6 +51,9 @@ def main(argv: list[str]) -> int:
         line, code = worker_failure(rank, failure.exitcode)
         print(line, file=sys.stderr, flush=True)
         return code
+    except SignalException as exc:      # stopped (docker stop): torch has stopped the workers already
+        print(f"{LABEL}: stopped by {signal_name(exc.sigval)}; its workers are stopped", file=sys.stderr, flush=True)
+        return signal_code(exc.sigval)
     return 0
 
 
