@@ -140,8 +140,10 @@ def _common_env(launcher: Launcher, hw: Hardware) -> dict[str, str]:
     if config.family == "tensorflow":
         # Keras 3 breaks MultiWorkerMirroredStrategy and horovod.tensorflow.keras: use tf-keras.
         env["TF_USE_LEGACY_KERAS"] = passed.get("TF_USE_LEGACY_KERAS", "1")
+        # 2: errors only. At 1, every process prints absl's "before InitializeLog()" banner and
+        # the warnings of tf.data (and oneDNN at 0); TF_CPP_MIN_LOG_LEVEL=0 or 1 brings them back.
         if "TF_CPP_MIN_LOG_LEVEL" not in passed:
-            env["TF_CPP_MIN_LOG_LEVEL"] = "1"
+            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if launcher.mode == "distributed":
         # Where the processes report training rounds (disttrain.elastic): the job store.
         env.update(DISTTRAIN_JOB_STORE=launcher.endpoint, DISTTRAIN_JOB_PREFIX=job_prefix(config.run_id))

@@ -312,7 +312,8 @@ VARIABLES = (
                                                     "makes tf.keras tf-keras, which MultiWorkerMirroredStrategy "
                                                     "and horovod.tensorflow.keras need"),
     Var("TF_CPP_MIN_LOG_LEVEL", PassThrough(), None, "TensorFlow's C++ log level; default for TensorFlow and "
-                                                     "Keras jobs: 1"),
+                                                     "Keras jobs: 2 (errors only: no absl or tf.data banners "
+                                                     "in every process); 0 or 1 brings them back"),
     Var("PYTHONFAULTHANDLER", PassThrough(), None, "default 1: a training process that crashes (SIGSEGV, SIGABRT "
                                                    "in C++ code) prints every thread's Python stack first; 0 turns "
                                                    "that off"),

@@ -283,7 +283,7 @@ def test_script_arguments_and_programs_are_told_apart(image, tmp_path):
     # What the entrypoint adds for TensorFlow (the image's own environment already has
     # TF_USE_LEGACY_KERAS=1: test_image.py's one-Keras test).
     dry = run_image("--dry-run", "bash", env={"FRAMEWORK": "tensorflow"})
-    assert dry.returncode == 0 and "runs:  bash" in dry.stdout and "TF_CPP_MIN_LOG_LEVEL=1" in dry.stdout
+    assert dry.returncode == 0 and "runs:  bash" in dry.stdout and "TF_CPP_MIN_LOG_LEVEL=2" in dry.stdout
 
 
 # --------------------------------------------------------------------------- no silent split
