@@ -1,7 +1,9 @@
 """`disttrain status`: the job as this container's entrypoint sees it (the master sees the
 whole job; a worker its own ranks), from the file it writes once a second (disttrain/status.py's format).
+`disttrain variables`: every variable the image takes.
 
     docker exec CONTAINER disttrain status [--json]
+    docker run --rm IMAGE disttrain variables
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--json", action="store_true", help="the status file as it is")
     show.add_argument("--file", default=None, help=f"the status file (default: ${status.VAR}, else "
                                                    f"{status.default_path({})})")
+    commands.add_parser("variables", help="every variable this image takes: default, what is allowed, meaning")
     args = parser.parse_args(argv)
+    if args.command == "variables":
+        from entrypoint.contract.reference import plain
+        print(plain())
+        return 0
     path = args.file or status.default_path()
     current = status.read(path)
     if current is None:

@@ -3,6 +3,7 @@ docs/configuration.md cannot drift from what the entrypoint accepts.
 
     python -m entrypoint.contract.reference           rewrite the generated part of docs/configuration.md
     python -m entrypoint.contract.reference --check   exit 1, saying so, when that part is stale
+    disttrain variables                               the same, for a terminal, from the image itself (plain)
 
 The page is written by hand around two markers; what lies between them is this module's.
 """
@@ -64,6 +65,24 @@ def generated() -> str:
         head, *(_row(v) for v in passed), "",
         END,
     ])
+
+
+def plain(width: int = 100) -> str:
+    """Every variable for a terminal (`disttrain variables`): name, default and what is
+    allowed on one line, the meaning wrapped below it."""
+    import textwrap
+
+    lines = []
+    for title, vars_ in (("The image's variables", [v for v in VARIABLES if not isinstance(v.kind, PassThrough)]),
+                         ("The frameworks' variables the plan reads",
+                          [v for v in VARIABLES if isinstance(v.kind, PassThrough)])):
+        lines += [f"{title} ({len(vars_)}):", ""]
+        for var in vars_:
+            default = var.default if var.default is not None else "-"
+            lines.append(f"{var.name}  (default {default}; {allowed(var).replace('`', '')})")
+            lines += textwrap.wrap(var.help.replace("`", ""), width, initial_indent="    ", subsequent_indent="    ")
+        lines.append("")
+    return "\n".join(lines + ["Bad values are one line and exit 2 before anything starts; docs/configuration.md"])
 
 
 def render(page: str) -> str:

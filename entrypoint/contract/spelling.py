@@ -54,7 +54,7 @@ def suspects(env: dict[str, str], declared: tuple[str, ...]) -> list[tuple[str, 
 
 
 def describe(name: str, likely: str | None) -> str:
-    guess = f"; did you mean {likely}?" if likely else " (docs/configuration.md lists them)"
+    guess = f"; did you mean {likely}?" if likely else " (`disttrain variables` lists them)"
     return f"{name} is not a variable of this image{guess}"
 
 

@@ -52,3 +52,17 @@ def test_strict_mode_refuses_a_misspelling_in_one_line():
     assert str(err.value) == ("CHECKPOINTS_DIR is not a variable of this image; did you mean CHECKPOINT_DIR? "
                               "(1 more: LAUNCHR); UNKNOWN_VARIABLES=error refuses it")
     plan(LR="0.1", UNKNOWN_VARIABLES="error")
+
+
+def test_disttrain_variables_lists_every_variable_with_its_default():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "disttrain", "variables"], capture_output=True, text=True,
+                          cwd=str(ROOT), timeout=60)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line and not line.startswith((" ", "The", "Bad"))]
+    assert listed == list(VARIABLE_NAMES), listed
+    assert "UNKNOWN_VARIABLES  (default warn; warn, error, ignore)" in done.stdout
