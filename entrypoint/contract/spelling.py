@@ -14,6 +14,7 @@ compared.
 from __future__ import annotations
 
 import difflib
+import re
 
 # Other systems' families: their names are theirs to check.
 FOREIGN_PREFIXES = (
@@ -22,6 +23,9 @@ FOREIGN_PREFIXES = (
     "NCCL_", "NV", "OMP_", "OMPI_", "OPAL_", "PET_", "PIP_", "PJRT_", "PMI", "PMIX_", "PYTHON", "PYTORCH_", "SLURM_",
     "SM_", "TF_", "TORCH", "TPU_", "TRANSFORMERS_", "VIRTUAL_ENV", "WANDB_", "XDG_", "XLA_FLAGS",
 )
+# Kubernetes' (and Docker links') variables for each service: a Service named `master` gives
+# MASTER_SERVICE_HOST, MASTER_SERVICE_PORT, MASTER_PORT_29500_TCP_ADDR, ...
+SERVICE_RE = re.compile(r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$")
 # Names that schedulers and launchers set, which this contract reads on its own.
 FOREIGN_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_NAME",
                  "POD_NAME", "POD_IP", "HOST_IP", "JOB_INDEX", "JOBSET_NAME", "REPLICATED_JOB_NAME",
@@ -45,7 +49,8 @@ def suspects(env: dict[str, str], declared: tuple[str, ...]) -> list[tuple[str, 
     upper = {name.upper(): name for name in declared}
     found = []
     for name in sorted(env):
-        if name in declared or name in FOREIGN_NAMES or name.upper().startswith(FOREIGN_PREFIXES):
+        if name in declared or name in FOREIGN_NAMES or name.upper().startswith(FOREIGN_PREFIXES) \
+                or SERVICE_RE.match(name):
             continue
         likely = _likely(name, upper)
         if likely or name.startswith(CONTRACT_PREFIXES):
