@@ -200,7 +200,8 @@ class CheckpointMirror:
             done, failed = self._upload(fresh, digests, now, until)
             for rel in rewritten:
                 old = self.owned[rel]
-                self.owned[rel] = manifest.Entry(old.size, old.sha256, next_size=now[rel][0], next_sha256=digests[rel])
+                self.owned[rel] = manifest.Entry(old.size, old.sha256, next_size=now[rel][0], next_sha256=digests[rel],
+                                                 parts=old.parts)
             if done or rewritten:
                 self._write_manifest()
             again, failed_again = self._upload(rewritten, digests, now, until)
@@ -288,7 +289,6 @@ class CheckpointMirror:
             self.uploaded_bytes += st.st_size
             done.append(rel)
         return done, failed
-
 
     def _parts(self, rel: str) -> tuple[str, ...] | None:
         """For a sharded checkpoint's index: the files it names (manifest.Entry.parts)."""
