@@ -267,7 +267,7 @@ class InProcessTorchrun:
         if result is None or not result.is_failed():
             return Outcome.succeeded()
         rank, failure = min(result.failures.items())
-        return Outcome.failed(*worker_failure(rank, failure.exitcode))
+        return worker_failure(rank, failure.exitcode)
 
     # ----------------------------------------------------------------- Supervised
     def poll(self) -> Outcome | None:

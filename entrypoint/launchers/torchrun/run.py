@@ -16,17 +16,15 @@ from __future__ import annotations
 import logging
 import sys
 
-from ...running.outcome import signal_code, signal_name
+from ...running.outcome import Outcome, signal_code, signal_name
 
 LABEL = "torchrun"
 
 
-def worker_failure(rank: int, code: int) -> tuple[str, int]:
-    """The line and the exit code for a worker of global rank `rank` that ended with `code`
-    (negative: killed by that signal, as torch reports it)."""
-    if code < 0:
-        return f"{LABEL}: rank {rank} was killed by {signal_name(-code)}", signal_code(-code)
-    return f"{LABEL}: rank {rank} exited with {code}", code if code > 0 else 1
+def worker_failure(rank: int, code: int) -> Outcome:
+    """The outcome of a worker of global rank `rank` that ended with `code` (negative: killed
+    by that signal, as torch reports it, as Popen does): Outcome.of_process's line and code."""
+    return Outcome.of_process(f"{LABEL}: rank {rank}", code)
 
 
 def quiet_warnings() -> None:
@@ -48,9 +46,9 @@ def main(argv: list[str]) -> int:
         run(parse_args(argv))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        line, code = worker_failure(rank, failure.exitcode)
-        print(line, file=sys.stderr, flush=True)
-        return code
+        outcome = worker_failure(rank, failure.exitcode)
+        print(outcome.reason, file=sys.stderr, flush=True)
+        return outcome.code
     except SignalException as exc:      # stopped (docker stop): torch has stopped the workers already
         print(f"{LABEL}: stopped by {signal_name(exc.sigval)}; its workers are stopped", file=sys.stderr, flush=True)
         return signal_code(exc.sigval)
