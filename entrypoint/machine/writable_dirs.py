@@ -46,8 +46,18 @@ def can_write(folder: str) -> str | None:
         return exc.strerror or str(exc)
 
 
+def owned_by_root(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == 0 and os.getuid() != 0
+    except OSError:
+        return False
+
+
 def check_checkpoint_dir(path: str, why_not: Callable[[str], str | None] = can_write) -> None:
     if (reason := why_not(path)) is not None:
+        if owned_by_root(path):             # docker run -v on a missing host folder made it so
+            reason += ('; the folder belongs to root: Docker makes a missing host folder so; create it first '
+                       '(mkdir -p) and run with --user "$(id -u):$(id -g)"')
         raise ConfigError(f"CHECKPOINT_DIR={path!r}: not writable by uid {os.getuid()} ({reason}); "
                           f"mount a writable folder there (-v HOST_DIR:{path}, a volume) or set CHECKPOINT_DIR "
                           f"to one")

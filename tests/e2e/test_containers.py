@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -42,27 +43,77 @@ def run_to_end(container: DockerContainer, timeout: float) -> tuple[int, str]:
         container.stop()
 
 
-@pytest.mark.parametrize("launcher", ["native", "horovod"])
-def test_docker_run_local_two_processes_writes_one_checkpoint(image, tmp_path, launcher):
+HOST_UID = 4321                                       # a host user that is neither root nor the image's uid
+
+
+def readme_first_command() -> str:
+    """The README's first shell block under "### One node", up to its first blank line."""
+    block = re.search(r"### One node\n+```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    return block.split("\n\n")[0]
+
+
+def run_as_host_user(script: str, image: str) -> tuple[subprocess.CompletedProcess, str]:
+    """`script` in bash, as HOST_UID with access to Docker's socket, in a fresh folder of its
+    own holding my_code/ (the bundled examples, as the README's comment says): the result
+    and the folder."""
+    home = tempfile.mkdtemp(prefix="readme-", dir="/tmp")
+    shutil.copytree(ROOT / "examples", f"{home}/my_code", ignore=shutil.ignore_patterns("__pycache__"))
+    os.chown(home, HOST_UID, HOST_UID)
+    socket_group = os.stat("/var/run/docker.sock").st_gid
+    script = script.replace("distributed-training-framework:cpu", image)
+    done = subprocess.run(["setpriv", f"--reuid={HOST_UID}", f"--regid={HOST_UID}", f"--groups={socket_group}",
+                           "bash", "-e", "-c", script], cwd=home, capture_output=True, text=True, timeout=300,
+                          env={"PATH": os.environ["PATH"], "HOME": home})
+    return done, home
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/var/run/docker.sock"),
+                    reason="runs Docker as another host user: needs root (setpriv) and the local socket")
+def test_the_readmes_first_command_trains_as_written_by_a_non_root_user(image):
+    """The README's first block, verbatim, by a host user that is neither root nor uid 1000:
+    two ranks train and the checkpoints on the host are that user's. Without its `mkdir`,
+    Docker makes ckpt/ as root and the entrypoint says so, and what to do, in one line."""
+    command = readme_first_command()
+    assert command.startswith("# CPU") and re.search(r"^mkdir -p data ckpt\b", command, re.M), command
+    done, home = run_as_host_user(command, image)
+    try:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert_replicas_agree(done.stdout + done.stderr, 2)
+        saved = list(os.scandir(f"{home}/ckpt"))
+        assert saved and {entry.stat().st_uid for entry in saved} == {HOST_UID}, [e.name for e in saved]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    without_mkdir = "\n".join(line for line in command.splitlines() if not line.startswith("mkdir "))
+    done, home = run_as_host_user(without_mkdir, image)
+    try:
+        assert done.returncode == 2 and done.stdout == "", done.stdout[-2000:] + done.stderr[-2000:]
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"entrypoint: CHECKPOINT_DIR='/app/checkpoints': not writable by uid {HOST_UID} "
+                               f"(Permission denied; the folder belongs to root: "), line
+        assert 'run with --user "$(id -u):$(id -g)"' in line, line
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_docker_run_local_two_processes_under_horovod_writes_one_checkpoint(image, tmp_path):
     """One container, two processes. LAUNCHER=horovod on one CPU node runs Horovod's MPI
     controller under mpirun (Open MPI's shared memory between the ranks, inside Docker's
-    default seccomp profile), and the preflight line says so."""
+    default seccomp profile), and the preflight line says so. (LAUNCHER=native: the
+    README's first command, above.)"""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     os.chmod(checkpoints, 0o777)                      # the image runs as uid 1000
     container = (DockerContainer(image)
                  .with_env("FRAMEWORK", "pytorch").with_env("TRAIN_MODE", "local").with_env("NPROC_PER_NODE", "2")
-                 .with_env("LAUNCHER", launcher)
+                 .with_env("LAUNCHER", "horovod")
                  .with_volume_mapping(str(ROOT / "examples"), "/app/code", "ro")
                  .with_volume_mapping(str(checkpoints), "/app/checkpoints", "rw")
                  .with_command("--steps 40 --checkpoint-every 1000"))
     code, output = run_to_end(container, timeout=300)
     assert code == 0, output[-3000:]
-    if launcher == "horovod":
-        assert "LAUNCHER=horovod (Horovod over MPI: Open MPI shared memory)" in output, output[:3000]
+    assert "LAUNCHER=horovod (Horovod over MPI: Open MPI shared memory)" in output, output[:3000]
     assert_replicas_agree(output, 2)
-    saved = "horovod_torch.pt" if launcher == "horovod" else "ckpt-00000040.pt"   # train.py picks the example
-    assert [p.name for p in checkpoints.iterdir()] == [saved]                     # rank 0 only, once
+    assert [p.name for p in checkpoints.iterdir()] == ["horovod_torch.pt"]      # rank 0 only, once
 
 
 def test_a_read_only_image_as_another_uid_needs_only_a_writable_checkpoint_dir(image, tmp_path):
