@@ -158,3 +158,43 @@ def test_no_local_wheel_and_no_compiler_in_any_layer(image, layer_scan):
     assert not leaked, f"build-time wheels left in the image: {leaked}"
     compilers = [p for _, p in paths if p.rsplit("/", 1)[-1] in ("gcc", "g++", "cc1plus", "nvcc")]
     assert not compilers, compilers
+
+
+def documented_derived_image() -> str:
+    """docs/images.md's Dockerfile under "Add your own dependencies"."""
+    page = (ROOT / "docs" / "images.md").read_text()
+    return re.search(r"## Add your own dependencies\n.*?```dockerfile\n(.*?)```", page, re.S).group(1)
+
+
+def test_the_documented_derived_image_adds_a_package_and_keeps_the_frameworks(image, tmp_path):
+    """The page's Dockerfile as written (FROM the image under test), einops from PyPI, the
+    build farm's CA (BUILD_CA_CERT) as its secret: the package imports as uid 1000, torch is
+    the base image's, /tmp holds what the base's does; `disttrain-pip` as uid 1000 says what to do in one line."""
+    from buildsys.docker_build import build_env, find_docker_cli
+
+    dockerfile = documented_derived_image()
+    assert dockerfile.startswith("FROM distributed-training-framework:cpu\n"), dockerfile
+    (tmp_path / "Dockerfile").write_text(dockerfile.replace("distributed-training-framework:cpu", image, 1))
+    (tmp_path / "requirements.txt").write_text("einops\n")
+    cli = find_docker_cli()
+    tag = f"disttrain-derived-test:{os.getpid()}"
+    cmd = [cli.path, *(["buildx", "build", "--load"] if cli.buildx else ["build"]), "-t", tag, str(tmp_path)]
+    if os.environ.get("BUILD_CA_CERT"):
+        cmd[-1:-1] = ["--secret", f"id=ca_cert,src={os.path.abspath(os.environ['BUILD_CA_CERT'])}"]
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=build_env(cli))
+    try:
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        probe = ("import einops, os, torch; "
+                 "print(os.getuid(), torch.__version__, sorted(os.listdir('/tmp')), einops.__name__)")
+        ran = subprocess.run(["docker", "run", "--rm", "--entrypoint", "python3", tag, "-c", probe],
+                             capture_output=True, text=True, timeout=120)
+        base = subprocess.run(["docker", "run", "--rm", "--entrypoint", "python3", image, "-c",
+                               "import os, torch; print(torch.__version__, sorted(os.listdir('/tmp')))"],
+                              capture_output=True, text=True, timeout=120)
+        assert ran.stdout.strip() == f"1000 {base.stdout.strip()} einops", ran.stdout + ran.stderr
+        refused = subprocess.run(["docker", "run", "--rm", "--entrypoint", "disttrain-pip", tag, "install", "einops"],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and refused.stderr.strip().startswith(
+            "disttrain-pip: /opt/venv belongs to root, not uid 1000: put USER root before this RUN"), refused.stderr
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
