@@ -31,6 +31,9 @@ FOREIGN_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                  "POD_NAME", "POD_IP", "HOST_IP", "JOB_INDEX", "JOBSET_NAME", "REPLICATED_JOB_NAME",
                  "CLUSTER_SPEC", "HOME", "PATH", "PWD", "USER", "SHELL", "TERM", "LANG", "TMPDIR", "SHLVL",
                  "OLDPWD", "HOST", "LOGNAME", "MAIL", "TZ", "_"}
+# Names the entrypoint sets for its processes: a rank that runs the entrypoint again (under
+# mpirun) or a script that reads them sees them, and must not be told they are mistakes.
+OWN_OUTPUTS = {"DP_SIZE"}
 # Names only this contract's variables begin with: an unknown one is a mistake.
 # (Not TRAIN_, SYNC_, CHECKPOINT_ or S3_: scripts name their own settings so.)
 CONTRACT_PREFIXES = ("ELASTIC_", "STRAGGLER_", "HANG_", "RDZV_", "GRACE_", "PEER_", "PARALLEL_", "MASTER_",
@@ -49,7 +52,7 @@ def suspects(env: dict[str, str], declared: tuple[str, ...]) -> list[tuple[str, 
     upper = {name.upper(): name for name in declared}
     found = []
     for name in sorted(env):
-        if name in declared or name in FOREIGN_NAMES or name.upper().startswith(FOREIGN_PREFIXES) \
+        if name in declared or name in FOREIGN_NAMES or name in OWN_OUTPUTS or name.upper().startswith(FOREIGN_PREFIXES) \
                 or SERVICE_RE.match(name):
             continue
         likely = _likely(name, upper)

@@ -69,3 +69,19 @@ def test_disttrain_variables_lists_every_variable_with_its_default():
     listed = [line.split()[0] for line in done.stdout.splitlines() if line and not line.startswith((" ", "The", "Bad"))]
     assert listed == list(VARIABLE_NAMES), listed
     assert "UNKNOWN_VARIABLES  (default warn; warn, error, ignore)" in done.stdout
+
+
+@pytest.mark.parametrize("env", [
+    dict(FRAMEWORK="pytorch", LAUNCHER="mpi", NPROC_PER_NODE=2),
+    dict(FRAMEWORK="pytorch", NPROC_PER_NODE=2, PARALLEL_MODE="model_parallel"),
+    dict(FRAMEWORK="pytorch", LAUNCHER="horovod", NPROC_PER_NODE=2),
+    dict(FRAMEWORK="tensorflow", NPROC_PER_NODE=2),
+], ids=["mpi", "model_parallel", "horovod", "tensorflow"])
+def test_what_the_entrypoint_gives_its_processes_is_never_suspect(env):
+    """Under mpirun each rank runs the entrypoint again, with the variables the first one set
+    (DP_SIZE, ...): none of them may warn there."""
+    from entrypoint.plan import plan_processes
+    from testing.plans import at, nodes
+    node = plan(TRAIN_MODE="local", **env)
+    for spec in plan_processes(node, at(0, nodes(2))):
+        assert suspects(spec.env, VARIABLE_NAMES) == [], spec.label
