@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..contract.config import Config
+from ..running import rank_lines
 from ..running.log import Log
 from ..running.outcome import Outcome
 from .hangs import Stragglers, diagnose, named, past_timeout
@@ -106,8 +107,9 @@ class Vigil:
             place = where(dump, roots) if dump.strip() else None
             lines = shown(dump) or ["(no stack: the process did not answer)"]
             head = f"stack of {named(r)}, pid {r.pid}, {r.steps} step(s), idle {r.idle_s:.0f}s:"
+            own = rank_lines.prefix(r.name)
             for line in [head, *lines]:
-                self.log.line(f"[{r.name}] {line}")
+                self.log.line(own + line)
             text += [head, *lines, ""]
             report["ranks"].append({"progress": r.to_dict(), "where": place.to_dict() if place else None})
         native = native_stacks([r.pid for r in ranks])

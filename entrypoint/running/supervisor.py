@@ -8,8 +8,8 @@ period, the log, what it watches (the job, through `Watch`) and the signals it o
   (torchrun's agent, mpirun's ranks); whatever escapes its group (torchrun's workers
   have sessions of their own) is found by the node token (reaper.py), also when the
   entrypoint itself is killed.
-* Output lines are prefixed with the process's label ('[rank 3] ...'); torchrun's workers
-  prefix their own lines with their global rank.
+* Output lines are prefixed with the process's label ('[rank3]: ...', rank_lines.py); torchrun's
+  workers prefix their own lines with their global rank, mpirun's tags become the same prefix.
 * SIGTERM/SIGINT stop every group; after GRACE_PERIOD seconds, SIGKILL.
 * The first critical process to fail stops the others; its outcome is the node's.
 * The watch is asked about once a second whether the node must stop (another node
@@ -26,6 +26,7 @@ import subprocess
 import threading
 import time
 
+from . import rank_lines
 from .log import Log
 from .loop import Watch, supervise
 from .outcome import Outcome
@@ -66,10 +67,9 @@ class Children:
         return proc
 
     def _pump(self, spec: ProcessSpec, stream) -> None:
-        prefix = f"[{spec.label}] " if spec.label else ""
+        own = rank_lines.prefix(spec.label)
         for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace")
-            self.log.line(line if line.startswith("[rank") else prefix + line)
+            self.log.line(rank_lines.tagged(raw.decode(errors="replace"), own))
         stream.close()
 
     def stop(self, procs: list[tuple[ProcessSpec, subprocess.Popen]], sig: int = signal.SIGTERM) -> None:

@@ -44,8 +44,8 @@ def test_a_stalled_rank_is_named_with_its_stack_and_the_job_ends_with_124(jobs, 
     assert f"rank 1 (node 0 on " in line and f"stalled after step 14: it is at {STALLED_AT}" in line, line
     assert f"rank 0 (node 0 on " in line and f"waits in {PATHS[framework, launcher]}" in line, line
     # Every rank's stack, in the log and in CHECKPOINT_DIR/diagnostics/<incident>/node0.txt
-    assert f'[rank 1]   File "{STALL}", line {STALL_LINE} in wait_forever' in output, output[-4000:]
-    assert re.search(r"\[rank 0\] stack of rank 0 \(node 0 on .*\), pid \d+, 14 step\(s\)", output), output[-4000:]
+    assert f'[rank1]:   File "{STALL}", line {STALL_LINE} in wait_forever' in output, output[-4000:]
+    assert re.search(r"\[rank0\]: stack of rank 0 \(node 0 on .*\), pid \d+, 14 step\(s\)", output), output[-4000:]
     [incident] = (tmp_path / "checkpoints" / "diagnostics").iterdir()
     assert line.endswith(f"stacks: {incident}")
     saved = (incident / "node0.txt").read_text()

@@ -26,7 +26,7 @@ if not Path(PYTHON).exists():
                 f"mxnet 1.9.1, torch and Horovod built with MXNet)", allow_module_level=True)
 
 SHAPES = [(2, 1), (1, 2)]          # (nodes, processes per node)
-LABELLED_RESULT = re.compile(r"^\[rank (\d+)\] RESULT framework=\S+ rank=(\d+)", re.M)
+LABELLED_RESULT = re.compile(r"^\[rank(\d+)\]: RESULT framework=\S+ rank=(\d+)", re.M)
 
 
 @pytest.mark.parametrize("nodes, nproc", SHAPES, ids=["2nodes-x1", "1node-x2"])

@@ -49,7 +49,7 @@ def run(specs, grace=2.0, watch=None):
 def test_all_succeed():
     outcome, out, _, _ = run([spec("rank 0", "print('hello')"), spec("rank 1", "print('world')")])
     assert outcome == Outcome.succeeded()
-    assert "[rank 0] hello" in out and "[rank 1] world" in out
+    assert "[rank0]: hello" in out and "[rank1]: world" in out
 
 
 def test_first_failure_stops_the_others_and_sets_the_exit_code():
@@ -145,7 +145,7 @@ def test_server_only_node_ends_when_the_job_finishes():
 
 def test_output_lines_keep_torchruns_rank_prefix():
     outcome, out, _, _ = run([spec("torchrun", "print('[rank3]: hi'); print('agent log')")])
-    assert "[rank3]: hi" in out and "[torchrun] agent log" in out
+    assert "[rank3]: hi" in out and "[torchrun]: agent log" in out
 
 
 # torchrun puts its workers in sessions of their own: out of reach of its process group.

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from ...health.watching import watching
+from ...running import rank_lines
 from ...running.log import Log
 from ...running.loop import POLL_INTERVAL, Watch, supervise
 from ...running.outcome import NodeState, Outcome
@@ -55,7 +56,7 @@ class _Lines:
             lines = (self._partial + text).split("\n")
             self._partial = lines.pop()
         for line in lines:
-            self.log.line(line if line.startswith("[rank") else self.prefix + line)
+            self.log.line(rank_lines.tagged(line, self.prefix))
         return len(text)
 
     def flush(self) -> None:
@@ -216,7 +217,7 @@ class InProcessTorchrun:
         os.environ[TOKEN_VAR] = self.token
         sentinel = Sentinel(self.token)
         streams = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = lines = _Lines(self.log, f"[{AGENT_LABEL}] ")
+        sys.stdout = sys.stderr = lines = _Lines(self.log, rank_lines.prefix(AGENT_LABEL))
         handlers = {h: h.stream for h in _torch_log_handlers(streams)}
         for handler in handlers:
             handler.setStream(lines)
