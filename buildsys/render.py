@@ -258,7 +258,10 @@ def runtime_env(v: Variant) -> list[tuple[str, str]]:
     """The final image's environment, for every process in it (training, commands after the
     image, `docker exec` shells); `docker run -e` overrides each."""
     env = [("DISTTRAIN_MANIFEST", "/etc/disttrain/manifest.json"), ("DATA_DIR", "/app/data"),
-           ("CHECKPOINT_DIR", "/app/checkpoints"), ("OMPI_MCA_plm_rsh_agent", "false")]
+           ("CHECKPOINT_DIR", "/app/checkpoints"), ("OMPI_MCA_plm_rsh_agent", "false"),
+           # Open MPI refuses root; in a container root is the user's choice (`--user 0`, or a
+           # root host user's `--user "$(id -u):$(id -g)"`), so mpirun and horovodrun run as it.
+           ("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")]
     if v.keras() == "tf-keras":
         # One Keras: the image's Horovod and MultiWorkerMirroredStrategy need tf-keras, so
         # tf.keras is tf-keras whatever FRAMEWORK says (Keras 3 stays importable as `keras`).

@@ -113,6 +113,9 @@ def test_docker_run_local_two_processes_under_horovod_writes_one_checkpoint(imag
     assert code == 0, output[-3000:]
     assert "LAUNCHER=horovod (Horovod over MPI: Open MPI shared memory)" in output, output[:3000]
     assert_replicas_agree(output, 2)
+    # mpirun's tags become the one rank prefix, each line whole (rank_lines.py, disttrain/output.py)
+    assert re.search(r"^\[rank0\]: RESULT ", output, re.M) and re.search(r"^\[rank1\]: RESULT ", output, re.M), output
+    assert "<stdout>" not in output and "<stderr>" not in output, output[-3000:]
     assert [p.name for p in checkpoints.iterdir()] == ["horovod_torch.pt"]      # rank 0 only, once
 
 
@@ -275,8 +278,9 @@ def code_dir(tmp_path, **files: str):
     return folder
 
 
-def run_image(*args: str, env: dict | None = None, code=None, stdin: str | None = None, timeout: float = 300):
-    flags = ["--rm", "--shm-size", "512m"] + (["-i"] if stdin is not None else [])
+def run_image(*args: str, env: dict | None = None, code=None, stdin: str | None = None, timeout: float = 300,
+              user: str | None = None):
+    flags = ["--rm", "--shm-size", "512m"] + (["-i"] if stdin is not None else []) + (["--user", user] if user else [])
     for key, value in (env or {}).items():
         flags += ["-e", f"{key}={value}"]
     if code:
@@ -303,12 +307,15 @@ def test_a_shell_after_the_image_is_a_shell_with_the_training_environment(image)
 def test_horovodrun_and_mpirun_inside_the_image_as_documented(image, tmp_path):
     """Horovod's own documented line, as the image's user, without SSH; then plain mpirun.
     Both with a Horovod script, and with the bundled train.py (disttrain.torch.init():
-    torch.distributed with the world mpirun started, not a world of one per process)."""
+    torch.distributed with the world mpirun started, not a world of one per process). The
+    last as root (`--user 0`, what a root host user's `--user "$(id -u):$(id -g)"` gives),
+    which Open MPI refuses unless the image allows it."""
     code = code_dir(tmp_path, train__py=(SEED / "horovod_snippet.py").read_text())
     for script in (["train.py"], ["/opt/disttrain/examples/train.py", "--steps", "40"]):
         for command in (["horovodrun", "-np", "2", "-H", "localhost:2", "python", *script],
                         ["mpirun", "-np", "2", "python", *script]):
-            run = run_image(*command, code=code)
+            root = command[0] == "mpirun" and script[0] != "train.py"
+            run = run_image(*command, code=code, user="0" if root else None)
             assert run.returncode == 0, command + [run.stdout[-2000:], run.stderr[-2000:]]
             assert_replicas_agree(run.stdout, 2)
 
@@ -427,7 +434,7 @@ def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_1
         shown = job.compose("exec", "-T", "master", "disttrain", "status").stdout   # the master's view
         time.sleep(0.5)
     assert re.search(r"^\s+0 master\s+[\d.]+\s+0 ", shown, re.M), shown
-    job.wait_for_log("[rank 1] stack of rank 1", 60, service="worker")
+    job.wait_for_log("[rank1]: stack of rank 1", 60, service="worker")
     stacks_seen = time.monotonic()
     job.wait_exited(60)
     assert time.monotonic() - stacks_seen < 15
@@ -439,7 +446,7 @@ def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_1
         assert "rank 0 (node 0 on master) waits in backward (DDP's gradient allreduce)" in line, (name, line)
         assert "stacks: /app/checkpoints/diagnostics/hang-" in line
     worker = next(log for name, log in job.logs_by_container().items() if "worker" in name)
-    assert f'[rank 1]   File "/app/code/train.py", line {line_no} in wait_forever' in worker
+    assert f'[rank1]:   File "/app/code/train.py", line {line_no} in wait_forever' in worker
 
 
 # A container profile that forbids attaching to a process (as stricter runtimes' do): Docker's
