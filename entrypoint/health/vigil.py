@@ -216,5 +216,8 @@ class LocalWatch:
     def stopping(self, signum: int) -> Outcome:
         return Outcome.stopped(signum)
 
+    def cause_of(self, failure: Outcome) -> Outcome:
+        return failure                   # no other node to have caused it
+
     def show_status(self) -> None:
         self.decider.show_status()

@@ -74,6 +74,14 @@ class Heartbeats:
         return self._seen.get(node, (0, 0.0, time.time()))[2]
 
 
+# A node whose processes failed waits up to LOSS_WINDOW_S for the other nodes' heartbeats
+# before it says why: a peer killed or cut off (docker kill, a host down) makes this node's
+# ranks fail at once, in a collective, long before PEER_TIMEOUT would call it silent. A peer
+# whose counter does not move in that window (it beats every second) was lost, and is named.
+LOSS_WINDOW_S = 3.0
+LOSS_POLL_S = 0.25
+
+
 class PeerCheck(Protocol):
     """A check of another room's that runs with the job's liveness (health/hang_protocol.py)."""
 
@@ -119,6 +127,40 @@ class JobWatch:
             return verdict
         except StoreGone as exc:
             return self.store_gone(exc)
+
+    def cause_of(self, failure: Outcome) -> Outcome:
+        """This node's processes failed: the outcome to report. Another node lost at the same
+        moment is the likelier cause, and is named with its address; another node's failure
+        that ended the job first is that node's; else `failure` itself. Returns as soon as
+        every peer's heartbeat has moved (about a second), or after LOSS_WINDOW_S."""
+        if self.config.elastic:
+            return failure                   # the group re-forms without a lost node
+        peers = self.live_workers() if self.master else [0]
+        try:
+            first = {k: self.heartbeats.count(k) for k in peers}
+            alive: set[int] = set()
+            deadline = time.monotonic() + LOSS_WINDOW_S
+            while len(alive) < len(peers) and time.monotonic() < deadline:
+                time.sleep(LOSS_POLL_S)
+                self.heartbeats.beat(self.rank)
+                if (aborted := self.ends.aborted()) is not None and not aborted.on_purpose:
+                    return aborted
+                alive |= {k for k in peers if k not in alive and
+                          (self.heartbeats.count(k) != first[k] or self.ends.exit(k) is not None)}
+        except StoreGone as exc:
+            return self.store_gone(exc) if not self.master else failure
+        lost = [k for k in peers if k not in alive]
+        if not lost:
+            return failure
+        where = ", ".join(f"node {k}" + (f" at {info.addr}" if (info := self._info(k)) else "") for k in lost)
+        return Outcome.lost(f"lost {where}: no heartbeat for {LOSS_WINDOW_S:g}s (its container or host is gone, or "
+                            f"cut off); {failure.reason}, in a collective with it")
+
+    def _info(self, node: int):
+        try:
+            return self.members.node_info(node)
+        except StoreGone:
+            return None
 
     def live_workers(self) -> list[int]:
         """The workers that have neither left nor finished."""

@@ -7,8 +7,9 @@ in one order, every POLL_INTERVAL:
 
 1. a signal (SIGTERM, SIGINT): the other nodes are told first (the watch), then the node
    stops with the signal's outcome;
-2. the runner's own verdict: a process failed, every critical one succeeded, the agent
-   ended, the driver's result is in;
+2. the runner's own verdict: a process failed (and the watch says whether a node lost at
+   the same moment caused it), every critical one succeeded, the agent ended, the
+   driver's result is in;
 3. the job watch, at most once per WATCH_INTERVAL: another node failed, the master is gone,
    the job finished for a node that only serves.
 
@@ -40,6 +41,9 @@ class Watch(Protocol):
 
     def show_status(self) -> None:
         """SIGUSR1: the job's status, in the log (disttrain/status.py)."""
+
+    def cause_of(self, failure: Outcome) -> Outcome:
+        """This node's processes failed: `failure`, or what caused it elsewhere (a lost node)."""
 
 
 class Supervised(Protocol):
@@ -92,6 +96,10 @@ def supervise(runner: Supervised, watch: Watch | None, signals: Signals, log: Lo
         if signals.take_status_request() and watch is not None:
             watch.show_status()
         if (outcome := runner.poll()) is not None:
+            if watch is not None and watch.has_peers and outcome.state is NodeState.FAILED:
+                outcome = watch.cause_of(outcome)
+                if outcome.state is not NodeState.FAILED:
+                    log.say(f"stopping: {outcome.reason}", error=True)
             return outcome
         if (verdict := every_second.verdict()) is not None:
             return verdict

@@ -146,6 +146,8 @@ def test_killed_worker_ends_every_process_within_30s(jobs, framework, launcher):
     code, seconds = lose_a_worker(job)
     assert code != 0
     assert seconds < 30, job[0].output[-3000:]
+    # The master names the lost node, not only its own rank's failure in a collective.
+    assert "lost node 1 at 127.0.0.2: no heartbeat" in job[0].output, job[0].output[-3000:]
 
 
 def test_sigterm_stops_the_node_within_the_grace_period(jobs):

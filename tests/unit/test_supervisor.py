@@ -28,6 +28,9 @@ class FakeWatch:
     def show_status(self):
         pass
 
+    def cause_of(self, failure):
+        return failure
+
     def __init__(self, check):
         self._check = check
 
@@ -221,6 +224,8 @@ class Scripted:
 
 
 class CountingWatch:
+    has_peers = False
+
     def __init__(self, verdict=None):
         self.checks, self.verdict = 0, verdict
 
