@@ -157,8 +157,9 @@ class Launcher:
         from ..running.supervisor import Supervisor
 
         processes = self.processes(plan, job.placement)
-        started = f"{len(processes)} process(es)" if len(processes) > 1 or self.nproc == 1 else \
-            f"{self.nproc} training processes"
+        started = f"{self.nproc} training process" + ("es" if self.nproc != 1 else "")
+        if len(processes) > 1 and len(processes) != self.nproc:       # MXNet's servers and scheduler
+            started += f" ({len(processes)} processes in all)"
         log.say(f"starting {started}: {self.describe()}")
         token = new_token()
         watch = watching(job, serverless=not any(p.critical for p in processes), token=token)

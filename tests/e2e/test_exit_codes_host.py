@@ -14,7 +14,8 @@ SCRIPT = str(ROOT / "tests/e2e/exit_with.py")
     (1, {"NPROC_PER_NODE": 2}),                                   # torchrun, a subprocess
     (2, {"NPROC_PER_NODE": 1}),                                   # torch's agent in the entrypoint
     (1, {"NPROC_PER_NODE": 2, "LAUNCHER": "horovod"}),
-], ids=["torchrun-local", "torchrun-two-nodes", "horovod-local"])
+    (1, {"NPROC_PER_NODE": 2, "FRAMEWORK": "tensorflow"}),       # TF_CONFIG processes
+], ids=["torchrun-local", "torchrun-two-nodes", "horovod-local", "tensorflow-local"])
 def test_a_ranks_own_exit_code_is_the_jobs(jobs, nodes, env):
     codes, out = jobs.run(nodes, ["--rank", "1", "--code", "7"], timeout=120, ENTRYPOINT=SCRIPT, **env)
     assert codes == [7] * nodes, out[-4000:]
