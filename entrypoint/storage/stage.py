@@ -107,8 +107,12 @@ def stage_data(client, url: BucketUrl, folder: str, say: Callable[[str], None], 
 
 
 def _stage_locked(client, url, folder, say, env, until) -> Staged:
+    transfers = Transfers(client, url.bucket)
     try:
-        listing = list_objects(client, url)
+        try:
+            listing = transfers.list(url.prefix)
+        except Exception:                   # a key object_store will not take as a path: boto3 takes any
+            listing = list_objects(client, url)
     except Exception as exc:
         raise StorageError(f"DATA_DIR={str(url)!r}: cannot list it: {describe(exc, env)}") from None
     index = _read_index(folder)
@@ -127,7 +131,7 @@ def _stage_locked(client, url, folder, say, env, until) -> Staged:
     if plan.fetch:
         say(f"data: staging {str(url)} into {folder}: {len(plan.fetch)} files, {mib(plan.fetch_bytes)} to fetch, "
             f"{len(plan.kept)} already cached")
-        failed = Transfers(client, url.bucket).download([(o.key, os.path.join(folder, rel)) for rel, o in plan.fetch],
+        failed = transfers.download([(o.key, os.path.join(folder, rel)) for rel, o in plan.fetch],
                                                         progress, until, sizes={o.key: o.size for _, o in plan.fetch})
         bad = {key for key, _ in failed}
         files.update({rel: [o.size, o.etag] for rel, o in plan.fetch if o.key not in bad})

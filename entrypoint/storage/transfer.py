@@ -4,7 +4,6 @@ few seconds. Listing stays with boto3 (its paginator gives size and ETag)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -15,6 +14,7 @@ from ..contract.urls import BucketUrl
 
 CONCURRENCY = 64
 PART = 16 * 2**20            # multipart threshold and part size
+CHUNK = 2**20                # a part's bytes are written as they come, this much at a time
 EVERY_S = 5.0                # at most one progress line this often
 
 
@@ -26,7 +26,8 @@ class Obj:
 
 
 def list_objects(client, url: BucketUrl, under: str = "") -> list[Obj]:
-    """Every object under the URL's prefix (+ `under`), folder markers left out."""
+    """Every object under the URL's prefix (+ `under`), folder markers left out, through
+    boto3 (any key; Transfers.list is faster where object_store takes the keys)."""
     found = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=url.prefix + under):
         for o in page.get("Contents", []):
@@ -120,88 +121,137 @@ def lower_priority(nice: int) -> None:
             pass
 
 
-@contextlib.contextmanager
-def landing(path: str):
-    """A temporary name beside `path` to write to: renamed into place when the block ends
-    well, removed when it does not, so `path` only ever holds a complete file."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 class Cancelled(Exception):
     """The transfer was stopped (the end came first)."""
 
 
+class _Landing:
+    """One file being downloaded: its temporary name, opened once whichever part comes
+    first, renamed into place when the last part has landed, removed if any part failed."""
+
+    def __init__(self, key: str, path: str, size: int | None, part: int):
+        self.key, self.path, self.size = key, path, size
+        self.parts = [(s, min(s + part, size)) for s in range(0, size, part)] \
+            if size is not None and size > part else [(None, None)]
+        self.left = len(self.parts)
+        self.error: BaseException | None = None
+        self.tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                if self.size is not None and len(self.parts) > 1:
+                    os.ftruncate(self._fd, self.size)
+            return self._fd
+
+    def part_done(self, error: BaseException | None) -> bool:
+        """Count a part (from the waiting thread); True when the file is settled."""
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if self.left:
+            return False
+        if self._fd is not None:
+            os.close(self._fd)
+        try:
+            if self.error is None:
+                if self._fd is None:                 # an empty object: no chunk came
+                    open(self.tmp, "wb").close()
+                os.replace(self.tmp, self.path)
+            elif self._fd is not None:
+                os.unlink(self.tmp)
+        except OSError as exc:
+            self.error = self.error or exc
+        return True
+
+
 class Transfers:
-    """Many objects at once for one bucket: obstore (Rust's object_store, async, one
-    connection pool), credentials from boto3's chain. Downloads stream into a temporary
-    name and are renamed into place when complete."""
+    """Many objects at once for one bucket: obstore (Rust's object_store, one connection
+    pool), credentials from boto3's chain. Downloads stream into a temporary name and are
+    renamed into place when complete."""
 
     def __init__(self, client, bucket: str, concurrency: int = CONCURRENCY, part: int = PART):
         self.store = open_store(client, bucket)
         self.bucket, self.concurrency, self.part = bucket, concurrency, part
 
+    def list(self, prefix: str) -> list[Obj]:
+        """Every object under `prefix` (a folder: "" or ending in "/"), folder markers left
+        out: obstore's listing, its XML parsed in Rust (boto3's paginator took 0.2-0.3 s of
+        Python for 2,000 keys). A key object_store refuses as a path ('a//b', a '.' part)
+        raises; `list_objects` then lists through boto3."""
+        import obstore
+        found = []
+        for batch in obstore.list(self.store, prefix=prefix.rstrip("/") or None, chunk_size=1000):
+            for meta in batch:
+                key = meta["path"]
+                if not key.endswith("/"):
+                    found.append(Obj(key, int(meta["size"]), (meta.get("e_tag") or "").strip('"')))
+        return found
+
     def download(self, items: list[tuple[str, str]], progress: Progress | None = None,
                  until: Callable[[], bool] | None = None,
                  sizes: dict[str, int] | None = None) -> list[tuple[str, BaseException]]:
         """(key, local path) each; returns the (key, error) of those that failed. `sizes`
-        (from a listing): objects larger than a part are fetched in parts at once."""
+        (from a listing): objects larger than a part are fetched in parts at once.
+
+        On a pool of `concurrency` threads, each calling obstore's blocking API (which
+        releases the GIL while Rust fetches): for 2,000 files of 256 KiB on 16 cores this
+        took 0.47 s against 0.80 s for the same requests on one asyncio loop, whose own
+        work per file was the limit. Each part is a task; a file is renamed into place
+        when its last part has landed."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
         for folder in {os.path.dirname(path) for _, path in items}:
             os.makedirs(folder, exist_ok=True)
         sizes = sizes or {}
-        return self._run([(key, self._get_parts(key, path, sizes[key], progress, until)
-                           if sizes.get(key, 0) > self.part else self._get(key, path, progress, until))
-                          for key, path in items], progress)
+        files = [_Landing(key, path, sizes.get(key), self.part) for key, path in items]
+        failed: list[tuple[str, BaseException]] = []
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="fetch") as pool:
+            pending = {pool.submit(self._fetch, f, start, end, progress, until): f
+                       for f in files for start, end in f.parts}
+            while pending:
+                done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    f = pending.pop(future)
+                    if f.part_done(future.exception()) and progress and f.error is None:
+                        progress.file_done()
+                if progress:
+                    progress.tick()
+        failed += [(f.key, f.error) for f in files if f.error is not None]
+        return failed
 
-    async def _get_parts(self, key: str, path: str, size: int, progress: Progress | None, until) -> None:
-        import asyncio
-
+    def _fetch(self, f: "_Landing", start: int | None, end: int | None, progress: Progress | None, until) -> None:
+        """One part of a file (start None: the whole object), streamed into its place."""
         import obstore
-        with landing(path) as tmp:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.ftruncate(fd, size)
-
-                async def part(start: int) -> None:
-                    if until is not None and until():
-                        raise Cancelled(key)
-                    data = await obstore.get_range_async(self.store, key, start=start, end=min(start + self.part, size))
-                    os.pwrite(fd, memoryview(data), start)
-                    if progress:
-                        progress.add(len(data))
-
-                await asyncio.gather(*(part(start) for start in range(0, size, self.part)))
-            finally:
-                os.close(fd)
-        if progress:
-            progress.file_done()
+        if f.error is not None:
+            return
+        if until is not None and until():
+            raise Cancelled(f.key)
+        options = {"range": (start, end)} if start is not None else None
+        response = obstore.get(self.store, f.key, options=options)
+        fd = f.open()
+        at = start or 0
+        for chunk in response.stream(min_chunk_size=CHUNK):      # no part-sized buffer
+            if until is not None and until():
+                raise Cancelled(f.key)
+            _pwrite_all(fd, memoryview(chunk), at)
+            at += len(chunk)
+            if progress:
+                progress.add(len(chunk))
 
     def upload(self, items: list[tuple[str, str]], progress: Progress | None = None,
                until: Callable[[], bool] | None = None) -> list[tuple[str, BaseException]]:
         """(local path, key) each; returns the (key, error) of those that failed."""
         return self._run([(key, self._put(path, key, progress, until)) for path, key in items], progress)
-
-    async def _get(self, key: str, path: str, progress: Progress | None, until) -> None:
-        import obstore
-        with landing(path) as tmp:
-            response = await obstore.get_async(self.store, key)
-            with open(tmp, "wb") as f:
-                async for chunk in response.stream(min_chunk_size=self.part // 4):
-                    if until is not None and until():
-                        raise Cancelled(key)
-                    f.write(memoryview(chunk))
-                    if progress:
-                        progress.add(len(chunk))
-        if progress:
-            progress.file_done()
 
     async def _put(self, path: str, key: str, progress: Progress | None, until) -> None:
         import obstore

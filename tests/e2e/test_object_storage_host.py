@@ -40,6 +40,23 @@ def manifest_files(s3: SeaweedS3, bucket: str, prefix: str, node: int = 0) -> di
     return json.loads(s3.get(bucket, f"{prefix}.disttrain/nodes/{node}.json"))["files"]
 
 
+def test_the_fast_listing_equals_boto3s_for_keys_of_every_shape(s3, bucket, monkeypatch):
+    """Staging lists through obstore (Rust) rather than boto3's paginator: the same keys,
+    sizes and ETags, spaces, '+', '%', non-ASCII and nested keys included, and nothing
+    outside the prefix."""
+    from entrypoint.contract.urls import parse_bucket_url
+    from entrypoint.storage.transfer import Transfers, list_objects
+
+    monkeypatch.setattr(os, "environ", {**os.environ, **s3.env()})
+    client = s3.client()
+    for key in ("set/x y.bin", "set/\u00fc.bin", "set/a%20b", "set/p+q", "set/sub/c.bin", "settle/no", "other/no"):
+        client.put_object(Bucket=bucket, Key=key, Body=os.urandom(len(key)))
+    url = parse_bucket_url(f"s3://{bucket}/set/")
+    fast = sorted((o.key, o.size, o.etag) for o in Transfers(client, bucket).list(url.prefix))
+    assert fast == sorted((o.key, o.size, o.etag) for o in list_objects(client, url))
+    assert len(fast) == 5 and all(k.startswith("set/") and etag for k, _, etag in fast)
+
+
 def test_two_nodes_checkpoint_to_the_bucket_and_fresh_nodes_resume_exactly(jobs, s3, bucket, tmp_path):
     """No shared folder: run 1 trains 20 steps and checkpoints to the bucket; run 2, on empty
     caches, resumes from the bucket and trains to 40; its parameters equal an uninterrupted
