@@ -108,7 +108,11 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
                 if run.returncode != 0 or got != count:
                     raise RuntimeError(f"{label}: exit {run.returncode}, {got}/{count} files: {run.stderr[-800:]}")
                 times.setdefault(label, []).append(took)
+                phase = re.search(r"PHASE client=([\d.]+) stage=([\d.]+)", run.stdout)
+                if phase:
+                    times.setdefault(label + " phase", []).append(float(phase.group(2)))
         best_other = min((median(v) for k, v in times.items() if not k.startswith("entrypoint")), default=None)
+        phase = times.pop("entrypoint (obstore, boto3 credentials) phase", None)
         for label, cmd in commands.items():
             if cmd is None:
                 rows.append({"dataset": name, "tool": label, "seconds": None, "MBps": None, "vs_best": None,
@@ -117,6 +121,9 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
             sec = median(times[label])
             rows.append({"dataset": name, "tool": label, "seconds": sec, "MBps": count * size / sec / 1e6,
                          "vs_best": sec / best_other if best_other else None, "runs": len(times[label]), "note": ""})
+            if label.startswith("entrypoint") and phase:
+                rows[-1]["staging_s"] = median(phase)      # in a node: listing and fetching, its client made already
+                rows[-1]["staging_vs_best"] = median(phase) / best_other if best_other else None
     return rows
 
 
@@ -196,20 +203,22 @@ def fmt(v, spec=".2f") -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["### Staging a dataset into an empty folder (median)", "",
-             "| dataset | tool | seconds | MB/s | vs the best other tool |", "|---|---|---|---|---|"]
-    for r in results["staging"]:
+    lines = [] if not results.get("staging") else ["### Staging a dataset into an empty folder (median)", "",
+             "| dataset | tool | seconds (process) | MB/s | vs the best other tool | staging alone (s) | vs the best |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results.get("staging", []):
         lines.append(f"| {r['dataset']} | {r['tool']} | {fmt(r['seconds'])} | {fmt(r['MBps'], '.0f')} | "
-                     f"{fmt(r['vs_best'])}× {r['note']} |")
-    lines += ["", "### The training loop with a checkpoint every 10 steps", "",
+                     f"{fmt(r['vs_best'])}× {r['note']} | {fmt(r.get('staging_s'))} | {fmt(r.get('staging_vs_best'))}× |")
+    lines += [] if not results.get("checkpoints") else ["", "### The training loop with a checkpoint every 10 steps", "",
               "| CHECKPOINT_DIR | loop (s) | stall per checkpoint (s) | vs local folder | save → complete in the bucket (s) |",
               "|---|---|---|---|---|"]
-    for r in results["checkpoints"]:
+    for r in results.get("checkpoints", []):
         lines.append(f"| {r['checkpoint_dir']} ({r['mib']} MiB) | {fmt(r['loop_s'])} | {fmt(r['stall_per_checkpoint_s'], '.3f')} | "
                      f"{fmt(r.get('vs_local'), '.3f')}× | {fmt(r.get('save_to_complete_s'))} |")
-    lines += ["", "### Resuming from the bucket", "", "| case | checkpoint | start → script's first line (s) | fetch (s) | MB/s |",
-              "|---|---|---|---|---|"]
-    for r in results["resume"]:
+    lines += [] if not results.get("resume") else [
+        "", "### Resuming from the bucket", "", "| case | checkpoint | start → script's first line (s) | fetch (s) | MB/s |",
+        "|---|---|---|---|---|"]
+    for r in results.get("resume", []):
         lines.append(f"| {r['case']} | {r['checkpoint_MiB']} MiB | {fmt(r['to_first_line_s'])} | {fmt(r['fetch_s'])} | "
                      f"{fmt(r['MBps'], '.0f')} |")
     return "\n".join(lines)
@@ -219,11 +228,16 @@ def plot(results: dict, out: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    if not results.get("staging"):
+        return out / "storage.json"
     datasets = list(dict.fromkeys(r["dataset"] for r in results["staging"]))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.5))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 3.5))
     for ax, name in zip(axes if len(datasets) > 1 else [axes], datasets):
         rows = [r for r in results["staging"] if r["dataset"] == name and r["MBps"]]
-        ax.barh([r["tool"] for r in rows], [r["MBps"] for r in rows])
+        bars = [(r["tool"], r["MBps"]) for r in rows]
+        bars += [("entrypoint: staging alone", r["MBps"] * r["seconds"] / r["staging_s"])
+                 for r in rows if r.get("staging_s")]
+        ax.barh([label for label, _ in bars], [v for _, v in bars])
         ax.set_title(f"staging {name}")
         ax.set_xlabel("MB/s")
     fig.tight_layout()
@@ -237,6 +251,8 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one round (CI)")
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--only", action="append", choices=("staging", "checkpoints", "resume"),
+                   help="run only these parts (repeatable); default: all")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,10 +264,12 @@ def main() -> int:
     try:
         store_dir = Path(tempfile.mkdtemp(prefix="disttrain-bench-store-", dir="/dev/shm"))
         with SeaweedS3(store_dir, nice=19) as s3:
-            results = {"staging": bench_staging(s3, work, datasets, rounds),
-                       "checkpoints": bench_checkpoints(s3, work, 20 if args.smoke else 40, 4 if args.smoke else 128,
-                                                        rounds, 128 if args.smoke else 1024),
-                       "resume": bench_resume(s3, work, 0.01 if args.smoke else 1.0)}
+            parts = {"staging": lambda: bench_staging(s3, work, datasets, rounds),
+                     "checkpoints": lambda: bench_checkpoints(s3, work, 20 if args.smoke else 40,
+                                                              4 if args.smoke else 128, rounds,
+                                                              128 if args.smoke else 1024),
+                     "resume": lambda: bench_resume(s3, work, 0.01 if args.smoke else 1.0)}
+            results = {name: run() for name, run in parts.items() if not args.only or name in args.only}
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(store_dir, ignore_errors=True)

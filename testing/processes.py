@@ -19,11 +19,12 @@ KEPT = ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV", "OMPI_ALLOW_RUN_AS_ROOT
 def child_env(**extra) -> dict[str, str]:
     """The basics of a job's process started here, for the benchmarks and the tests alike:
     the machine's PATH and friends, Open MPI allowed as root (the image runs as a user; a
-    root machine must opt in for mpirun), this checkout on PYTHONPATH, then `extra`."""
+    root machine must opt in for mpirun), this checkout on PYTHONPATH (before the caller's
+    own PYTHONPATH, where one is set), then `extra`."""
     env = {k: v for k, v in os.environ.items() if k in KEPT}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
