@@ -289,6 +289,36 @@ def run_image(*args: str, env: dict | None = None, code=None, stdin: str | None 
                           timeout=timeout)
 
 
+@pytest.mark.parametrize("elastic", [False, True], ids=["fixed-size", "elastic"])
+def test_two_containers_on_one_hosts_network_meet_every_time(image, elastic):
+    """Two nodes of one job on this host's network (`--network host`, one container per
+    GPU), MASTER_ADDR=127.0.0.1: the same address and, in their own PID namespaces, the
+    same PID. torch's rendezvous took them for one node in 2 runs of 4 (one timed out, the
+    other found the rendezvous closed); each process's node id now differs. Three runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from testing.ports import free_port
+
+    def node(role: str, port: int) -> DockerContainer:
+        container = (DockerContainer(image).with_kwargs(network_mode="host")
+                     .with_env("FRAMEWORK", "pytorch").with_env("TRAIN_MODE", "distributed")
+                     .with_env("ROLE", role).with_env("NUM_NODES", "2").with_env("RDZV_TIMEOUT", "40")
+                     .with_env("MASTER_ADDR", "127.0.0.1").with_env("MASTER_PORT", str(port))
+                     .with_volume_mapping(str(ROOT / "examples"), "/app/code", "ro")
+                     .with_command("--steps 20 --checkpoint-every 1000"))
+        if elastic:
+            container = container.with_env("MIN_NODES", "2").with_env("MAX_NODES", "3")
+        return container
+
+    for _ in range(3):
+        port = free_port()
+        with ThreadPoolExecutor(2) as pool:
+            ends = list(pool.map(lambda role: run_to_end(node(role, port), timeout=180), ["master", "worker"]))
+        output = "\n".join(out for _, out in ends)
+        assert [code for code, _ in ends] == [0, 0], output[-4000:]
+        assert_replicas_agree(output, 2)
+
+
 def test_a_shell_after_the_image_is_a_shell_with_the_training_environment(image):
     shell = run_image("bash", env={"FRAMEWORK": "keras", "NET_IFNAME": "eth0"},
                       stdin="id -u; pwd; echo OMP=$OMP_NUM_THREADS KERAS=$TF_USE_LEGACY_KERAS IF=$GLOO_SOCKET_IFNAME\n"

@@ -62,3 +62,21 @@ def test_a_failed_worker_fails_the_node_with_its_own_exit_code():
     assert (outcome.state, outcome.code) == (NodeState.FAILED, 7) and "rank 2 exited with 7" in outcome.reason
     killed = InProcessTorchrun._outcome(Result({1: Failure(-9)}))
     assert "rank 1 was killed by SIGKILL" in killed.reason and killed.code == 137
+
+
+def test_two_processes_with_the_same_address_and_pid_get_distinct_rendezvous_node_ids():
+    """torch names a rendezvous node (address, PID, counter from 0); two containers on one
+    host's network share the first two. Each process's counter starts apart."""
+    import subprocess
+    import sys
+
+    code = ("from entrypoint.launchers.torchrun.node_ids import distinct_node_ids\n"
+            "distinct_node_ids(); distinct_node_ids()\n"
+            "from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr\n"
+            "g = dr.DynamicRendezvousHandler._node_desc_generator\n"
+            "a, b = g.generate('127.0.0.1'), g.generate('127.0.0.1')\n"
+            "print(a.addr, b.local_id - a.local_id, a.local_id)\n")
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.split()
+            for _ in range(2)]
+    assert [o[:2] for o in outs] == [["127.0.0.1", "1"]] * 2, outs
+    assert outs[0][2] != outs[1][2]

@@ -36,6 +36,7 @@ from ...running.outcome import NodeState, Outcome
 from ...running.reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from ...running.signals import Signals
 from .launch import Torchrun, TorchrunLaunch
+from .node_ids import distinct_node_ids
 from .run import worker_failure
 from .worker_stores import WorkersStores
 
@@ -174,6 +175,7 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
                 raise SignalException("stopped by the entrypoint", sigval=signal.Signals(stop["signum"]))
             return super()._monitor_workers(worker_group)
 
+    distinct_node_ids()
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
                                   min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)

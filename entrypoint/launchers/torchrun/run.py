@@ -17,6 +17,7 @@ import logging
 import sys
 
 from ...running.outcome import Outcome, signal_code, signal_name
+from .node_ids import distinct_node_ids
 
 LABEL = "torchrun"
 
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import parse_args, run
 
     quiet_warnings()
+    distinct_node_ids()
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
