@@ -24,7 +24,7 @@ from .procs import WORKLOADS, base_env, median, stamps
 
 READY = str(WORKLOADS / "ready.py")
 RAW = "raw torchrun (c10d, one agent per node)"
-SECRET = "bench-secret-of-32-characters-xx"
+SECRET = "7c2e9a4f1b8d6e3a5c0f7b9d2e4a6c81"
 PATHS = {"torchrun (c10d)": dict(FRAMEWORK="pytorch", LAUNCHER="native"),
          "torchrun (c10d), JOB_SECRET": dict(FRAMEWORK="pytorch", LAUNCHER="native", JOB_SECRET=SECRET),
          RAW: None,

@@ -1,9 +1,10 @@
 """`disttrain status`: the job as this container's entrypoint sees it (the master sees the
 whole job; a worker its own ranks), from the file it writes once a second (disttrain/status.py's format).
-`disttrain variables`: every variable the image takes.
+`disttrain variables`: every variable the image takes. `disttrain secret`: a new JOB_SECRET.
 
     docker exec CONTAINER disttrain status [--json]
     docker run --rm IMAGE disttrain variables
+    docker run --rm IMAGE disttrain secret > job_secret
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--file", default=None, help=f"the status file (default: ${status.VAR}, else "
                                                    f"{status.default_path({})})")
     commands.add_parser("variables", help="every variable this image takes: default, what is allowed, meaning")
+    commands.add_parser("secret", help="a new JOB_SECRET: 256 bits from the system's generator, as 64 hex digits")
     args = parser.parse_args(argv)
+    if args.command == "secret":
+        from entrypoint.security.secret import new_secret
+        print(new_secret())
+        return 0
     if args.command == "variables":
         from entrypoint.contract.reference import plain
         print(plain())

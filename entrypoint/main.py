@@ -73,7 +73,7 @@ def job_identity(plan: NodePlan) -> Identity | None:
     secret leaves this process's environment, so no training process inherits it."""
     secret = read_secret(plan.config)
     os.environ.pop("JOB_SECRET", None)
-    return Identity.derive(secret) if secret is not None else None
+    return Identity.derive(secret, plan.config.run_id) if secret is not None else None
 
 
 def prepare_folders(plan: NodePlan, env: dict[str, str], args: list[str]) -> tuple[NodePlan, list[str]]:

@@ -149,8 +149,7 @@ class Text:
 @dataclass(frozen=True)
 class Secret:
     """A secret: taken as given (surrounding blanks aside) and never shown in an error;
-    secret.py checks it is at least `low` characters long (JOB_SECRET_FILE's too)."""
-    low: int = 16
+    secret.py checks it is strong enough (JOB_SECRET_FILE's too)."""
 
     def parse(self, name: str, text: str, image: Image) -> str:
         return text.strip()
@@ -268,7 +267,9 @@ VARIABLES = (
     Var("RUN_ID", Text(r"^[A-Za-z0-9_.-]{1,64}$", "allowed: 1-64 letters, digits, '_', '.', '-'"), "disttrain",
         'rendezvous id, the same on every node of a job'),
     Var("JOB_SECRET", Secret(), None,
-        "the job's shared secret, at least 16 characters, the same on every node: the job store, "
+        "the job's shared secret, the same on every node, from a generator (`disttrain secret`, "
+        "`openssl rand -hex 32`: at least 32 hex digits, or 22 base64 characters mixing cases and digits, or 40 "
+        "characters with 16 different ones), keyed with `RUN_ID`: the job store, "
         "torchrun's and Horovod's rendezvous then take only TLS connections from nodes that hold it; "
         "default: none (anyone who reaches `MASTER_PORT` can join, stop or run code in the job; "
         "docs/security.md)"),

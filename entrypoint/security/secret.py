@@ -1,34 +1,75 @@
 """The job's shared secret (JOB_SECRET or JOB_SECRET_FILE) and the TLS it keys.
 
-Every node of a job derives the same TLS identity from the secret: HKDF-SHA256 turns it into
-an Ed25519 private key, and that key signs one self-signed certificate. Each side of a
-control-plane connection presents that certificate and trusts only it (TLS 1.3, client
-certificates required), so a peer gets in only by holding the key, which only the secret
-gives. The cryptography is OpenSSL's (Python's ssl) and the `cryptography` package's; none
-of it is written here.
+Every node of a job derives the same TLS identity from the secret and the job's RUN_ID:
+scrypt (memory-hard, salted with the RUN_ID) turns them into an Ed25519 private key, and
+that key signs one self-signed leaf certificate (not a CA: it signs nothing else). Each
+side of a control-plane connection presents that certificate and trusts only it (TLS 1.3,
+client certificates required), so a peer gets in only by holding the key, which only the
+secret and the job's RUN_ID give. A guess at the secret costs a scrypt (about 0.1 s and
+32 MiB), and what it costs serves one RUN_ID only. The cryptography is OpenSSL's (Python's
+ssl and hashlib) and the `cryptography` package's; none of it is written here.
 
-Reading the file is the only thing here that touches the machine; `SecretError` carries the
-one line naming the variable (never the secret itself).
+Only strong secrets are taken (`weakness`): what a generator makes (`disttrain secret`,
+`openssl rand -hex 32`) passes, a word or a phrase of a few words does not. Reading the
+file is the only thing here that touches the machine; `SecretError` carries the one line
+naming the variable (never the secret itself).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import hashlib
 import os
+import re
+import secrets
 import ssl
 import tempfile
 from dataclasses import dataclass
 
 from ..contract.config import VARIABLES, Config, ConfigError
 
-MIN_SECRET_CHARS = next(v.kind.low for v in VARIABLES if v.name == "JOB_SECRET")
-SUGGESTION = "e.g. `openssl rand -hex 32`"
-# Fixed inputs of the derivation: changing either makes every node's identity differ from
-# an older image's, so they are versioned.
-HKDF_SALT = b"disttrain control plane"
-HKDF_INFO = b"ed25519 identity v1"
+RULE = ("at least 32 hex characters, or 22 base64 characters mixing upper case, lower case and digits, "
+        "or 40 characters with 16 different ones")
+SUGGESTION = "make one with `disttrain secret` (in the image) or `openssl rand -hex 32`"
+# Fixed inputs of the derivation: changing any makes every node's identity differ from an
+# older image's, so they are versioned.
+KDF_SALT = b"disttrain control plane v2|run_id="
+SCRYPT = dict(n=2**15, r=8, p=1, maxmem=64 * 2**20, dklen=32)      # 32 MiB, about 0.1 s a guess
 CERT_NAME = "disttrain-job"
+DEFAULT_RUN_ID = next(v.default for v in VARIABLES if v.name == "RUN_ID")
+
+_HEX = re.compile(rb"[0-9a-fA-F]+")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/_-]+=*")
+
+
+def new_secret() -> str:
+    """A secret of 256 bits from the operating system's generator, as 64 hex characters."""
+    return secrets.token_hex(32)
+
+
+def weakness(secret: bytes) -> str | None:
+    """Why the secret is too weak to key the job, or None. The rule users can follow: what
+    a generator makes (hex of 16 bytes or more, base64 of 16 bytes or more) passes; any
+    other secret must be long and varied; none may be one short piece repeated."""
+    distinct = len(set(secret))
+    for unit in range(1, len(secret) // 2 + 1):
+        if len(secret) % unit == 0 and secret == secret[:unit] * (len(secret) // unit):
+            return f"it repeats {unit} character(s)"
+    digits = secret.replace(b"-", b"").replace(b":", b"")          # a UUID's dashes, a digest's colons
+    if _HEX.fullmatch(digits):
+        return None if len(digits) >= 32 and len(set(digits)) >= 8 else f"{len(digits)} hex digits"
+    if _BASE64.fullmatch(secret):
+        body = secret.rstrip(b"=")
+        mixed = all(re.search(c, body) for c in (rb"[A-Z]", rb"[a-z]", rb"[0-9]"))
+        if len(body) >= 22 and mixed and distinct >= 12:
+            return None
+        if len(secret) < 40:
+            return (f"{len(body)} base64 characters" if mixed else
+                    f"{len(secret)} characters of {distinct} different ones")
+    if len(secret) >= 40 and distinct >= 16:
+        return None
+    return f"{len(secret)} characters of {distinct} different ones"
 
 
 class SecretError(ConfigError):
@@ -55,11 +96,11 @@ def read_secret(config: Config) -> bytes | None:
 
 def _checked(secret: bytes, where: str) -> bytes:
     if not secret.strip():
-        raise SecretError(f"{where}: the secret is empty; allowed: at least {MIN_SECRET_CHARS} characters "
-                          f"({SUGGESTION})")
-    if len(secret) < MIN_SECRET_CHARS:
-        raise SecretError(f"{where}: the secret has {len(secret)} characters; allowed: at least "
-                          f"{MIN_SECRET_CHARS} ({SUGGESTION})")
+        raise SecretError(f"{where}: the secret is empty; allowed: {RULE}; {SUGGESTION}")
+    why = weakness(secret)
+    if why is not None:
+        raise SecretError(f"{where}: the secret is too weak to keep strangers out ({why}); allowed: {RULE}; "
+                          f"{SUGGESTION}")
     return secret
 
 
@@ -70,14 +111,16 @@ class Identity:
     cert_pem: bytes
 
     @staticmethod
-    def derive(secret: bytes) -> "Identity":
+    @functools.lru_cache(maxsize=8)            # a process derives its job's identity once
+    def derive(secret: bytes, run_id: str = DEFAULT_RUN_ID) -> "Identity":
+        """The identity of the job `run_id` (RUN_ID) keyed by `secret`: two jobs that share a
+        secret but not a RUN_ID refuse each other's nodes."""
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
         from cryptography.x509.oid import NameOID
 
-        seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=HKDF_SALT, info=HKDF_INFO).derive(secret)
+        seed = hashlib.scrypt(secret, salt=KDF_SALT + run_id.encode(), **SCRYPT)
         key = Ed25519PrivateKey.from_private_bytes(seed)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME)])
         # Ed25519 signatures are deterministic and every field is fixed: every node builds
@@ -86,7 +129,7 @@ class Identity:
                 .serial_number(1)
                 .not_valid_before(dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc))
                 .not_valid_after(dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .sign(key, None))
         key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption())

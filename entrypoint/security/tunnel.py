@@ -136,7 +136,7 @@ def refusal_reason(exc: BaseException) -> str:
     reason = (getattr(exc, "reason", None) or "").upper()
     if isinstance(exc, ssl.SSLCertVerificationError) or any(
             r in reason for r in ("UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN", "DECRYPT")):
-        return "its certificate is not this job's (a different JOB_SECRET)"
+        return "its certificate is not this job's (a different JOB_SECRET or RUN_ID)"
     if "DID_NOT_RETURN_A_CERTIFICATE" in reason or "CERTIFICATE_REQUIRED" in reason:
         return "it presented no certificate (no JOB_SECRET)"
     if isinstance(exc, ssl.SSLError):

@@ -164,8 +164,8 @@ class TcpJobStore(JobStore):
         found = handshake(self.host, self.port, self.identity.client_context())
         if found.answer is Answer.WRONG_SECRET:
             raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} holds a different "
-                                  f"JOB_SECRET (its TLS certificate is not this job's); give every node the same "
-                                  f"secret")
+                                  f"JOB_SECRET or RUN_ID (its TLS certificate is not this job's); give every node "
+                                  f"the same secret and RUN_ID")
         if found.answer is Answer.NO_TLS:
             raise RendezvousError(f"the master at MASTER_ADDR:MASTER_PORT={self.endpoint} takes no TLS: it runs "
                                   f"without JOB_SECRET ({found.detail}); set the same JOB_SECRET on every node, "

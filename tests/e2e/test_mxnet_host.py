@@ -56,7 +56,7 @@ def test_horovod_trains(jobs, nodes, nproc):
 def test_mxnet_trains_behind_a_secret(jobs, launcher):
     """JOB_SECRET: the job store (and Horovod's rendezvous) behind the master's Gates; MXNet's
     parameter servers and Gloo stay the data plane's (docs/security.md)."""
-    secret = "a-test-secret-of-32-characters!!"
+    secret = "3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
     codes, output = jobs.run(2, ["--steps", "40"], python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher,
                              JOB_SECRET=secret)
     assert codes == [0, 0], output[-4000:]

@@ -25,7 +25,7 @@ from testing.results import changes, check_trained, results
 
 pytestmark = pytest.mark.e2e
 
-SECRET = "a-test-secret-of-32-characters!!"
+SECRET = "3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
 STEPS = ["--steps", "80", "--step-delay", "0.25"]     # ~20 s of training: time for the strangers
 
 
@@ -81,9 +81,12 @@ def test_a_job_with_a_secret_trains_while_strangers_and_other_secrets_are_refuse
     wait_for(master, "TRAINING rank=0", 120)
     port = int(master.env["MASTER_PORT"])
     assert listening_everywhere(job) == {port}, "something besides the Gate listens on every interface"
-    intruders = [jobs.track(Node({**worker.env, "JOB_SECRET_FILE": "", "JOB_SECRET": secret, "NODE_ADDR": "127.0.0.9"},
-                                 STEPS, tmp_path / f"intruder{k}.log"))
-                 for k, secret in enumerate(["another-secret-of-32-characters!", ""])]
+    # Another secret; this job's secret under another RUN_ID (another job given the same
+    # Kubernetes Secret); no secret.
+    intruders = [jobs.track(Node({**worker.env, "JOB_SECRET_FILE": "", "JOB_SECRET": secret, "NODE_ADDR": "127.0.0.9",
+                                  "RUN_ID": run_id}, STEPS, tmp_path / f"intruder{k}.log"))
+                 for k, (secret, run_id) in enumerate([("9b1d3f5a7c2e4b6d8f0a1c3e5b7d9f2a", "guarded"),
+                                                       (SECRET, "another-job"), ("", "guarded")])]
     planted = tmp_path / "planted"
     assert stranger("127.0.0.1", port, "guarded", str(planted)) == []
     codes = [node.wait(120) for node in job]
@@ -91,7 +94,8 @@ def test_a_job_with_a_secret_trains_while_strangers_and_other_secrets_are_refuse
     assert codes == [0, 0], output[-4000:]
     check_trained(output, 2)
     assert not planted.exists()
-    for node, says in zip(intruders, ["holds a different JOB_SECRET", "takes only nodes that hold its JOB_SECRET"]):
+    for node, says in zip(intruders, ["holds a different JOB_SECRET or RUN_ID"] * 2
+                          + ["takes only nodes that hold its JOB_SECRET"]):
         assert node.wait(60) == 3, node.output[-2000:]
         failed = [line for line in node.output.splitlines() if "rendezvous failed" in line]
         assert len(failed) == 1 and says in failed[0], node.output[-2000:]

@@ -121,7 +121,7 @@ def test_mpi_launcher_across_two_hosts_trains_pytorch(jobs, tmp_path, secret):
     fail with EADDRINUSE."""
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
-    more = {"JOB_SECRET": "a-test-secret-of-32-characters!!"} if secret else {}
+    more = {"JOB_SECRET": "3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"} if secret else {}
     codes, output = jobs.run(2, ["--steps", "40"], LAUNCHER="mpi", HOSTFILE=str(hosts),
                              OMPI_MCA_plm_rsh_agent=str(ROOT / "tests" / "e2e" / "launch_agent_here.sh"), **more)
     assert codes == [0, 0], output[-4000:]

@@ -131,7 +131,7 @@ def test_a_workers_last_write_through_its_tunnel_reaches_the_master_before_it_ex
 
     from entrypoint.security.secret import Identity
 
-    secret = "a-test-secret-of-32-characters!!"
+    secret = "3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
     port = free_port()
     master = TcpJobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5,
                       identity=Identity.derive(secret.encode()), say=lambda line: None)
@@ -187,7 +187,7 @@ def test_a_frozen_master_holds_up_a_closing_worker_no_longer_than_the_master_wou
     from entrypoint.store.tcp import CLOSE_ROUND_TRIP_S
 
     assert finish_module.LEAVE_WAIT_S == CLOSE_ROUND_TRIP_S
-    secret = "a-test-secret-of-32-characters!!"
+    secret = "3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
     port = free_port()
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     master = subprocess.Popen([sys.executable, "-c", MASTER_BEHIND_A_GATE, str(port), secret], **pipes)

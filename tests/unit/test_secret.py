@@ -12,11 +12,11 @@ import pytest
 
 from entrypoint.contract.config import ConfigError
 from entrypoint.explain import control_plane
-from entrypoint.security.secret import MIN_SECRET_CHARS, Identity, SecretError, read_secret
+from entrypoint.security.secret import Identity, SecretError, new_secret, read_secret, weakness
 from entrypoint.security.tunnel import Answer, Gate, Refusals, RequestTunnel, Tunnel, handshake, refusal_reason
 from testing.plans import plan
 
-SECRET = b"a-test-secret-of-32-characters!!"
+SECRET = b"3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
 
 
 def test_every_node_derives_the_same_identity_and_another_secret_another():
@@ -25,8 +25,61 @@ def test_every_node_derives_the_same_identity_and_another_secret_another():
     assert other.cert_pem != one.cert_pem and other.key_pem != one.key_pem
 
 
+@pytest.mark.parametrize("weak, why", [
+    ("passwordpassword", "it repeats 8 character(s)"),
+    ("q" * 16, "it repeats 1 character(s)"),
+    ("supercalifragilistic", "20 characters of 12 different ones"),       # 20 characters of one word
+    ("a-test-secret-of-32-characters!!", "32 characters of 13 different ones"),
+    ("0123456789abcdef", "16 hex digits"),                                 # 64 bits
+    ("SupercalifragilisticExpialidocious", "34 characters of 17 different ones"),   # letters only
+])
+def test_weak_secrets_are_refused_in_one_line_that_says_how_to_make_one(weak, why):
+    with pytest.raises(SecretError) as caught:
+        read_secret(plan(JOB_SECRET=weak).config)
+    text = str(caught.value)
+    assert text.startswith(f"JOB_SECRET: the secret is too weak to keep strangers out ({why}); allowed: ")
+    assert "disttrain secret" in text and "openssl rand -hex 32" in text and weak not in text and "\n" not in text
+
+
+def test_what_generators_make_is_strong():
+    import base64
+    import os
+    import secrets
+    import subprocess
+    import sys
+    import uuid
+
+    made = subprocess.run([sys.executable, "-m", "disttrain", "secret"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and len(made.stdout.strip()) == 64, made.stderr
+    for strong in (made.stdout.strip(), new_secret(), secrets.token_hex(16), secrets.token_urlsafe(32),
+                   str(uuid.uuid4()), base64.b64encode(os.urandom(32)).decode(),
+                   "correct horse battery staple, and then some more words"):
+        assert weakness(strong.encode()) is None, strong
+        assert read_secret(plan(JOB_SECRET=strong).config) == strong.encode()
+
+
+def test_the_identity_is_a_leaf_of_its_own_job_only():
+    """Keyed by the secret and the RUN_ID: two jobs given one secret but their own RUN_IDs
+    refuse each other's nodes. The certificate signs nothing else (not a CA)."""
+    from cryptography import x509
+
+    one, other_job = Identity.derive(SECRET, "job-a"), Identity.derive(SECRET, "job-b")
+    assert one.key_pem != other_job.key_pem and one == Identity.derive(SECRET, "job-a")
+    cert = x509.load_pem_x509_certificate(one.cert_pem)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    echo = echo_server()
+    port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]
+    g = Gate(port, echo.getsockname()[1], one.server_context(), lambda line: None).start()
+    try:
+        assert handshake("127.0.0.1", g.port, one.client_context()).answer is Answer.IN
+        assert handshake("127.0.0.1", g.port, other_job.client_context()).answer is Answer.WRONG_SECRET
+    finally:
+        g.stop()
+        echo.close()
+
+
 @pytest.mark.parametrize("env, says", [
-    ({"JOB_SECRET": "short"}, f"JOB_SECRET: the secret has 5 characters; allowed: at least {MIN_SECRET_CHARS}"),
+    ({"JOB_SECRET": "short"}, "JOB_SECRET: the secret is too weak to keep strangers out (5 characters of 5 "),
     ({"JOB_SECRET_FILE": "/nonexistent/secret"}, "JOB_SECRET_FILE='/nonexistent/secret': cannot read it"),
     ({"JOB_SECRET_FILE": "/dev/null"}, "JOB_SECRET_FILE='/dev/null': the secret is empty"),
     ({"JOB_SECRET": "x" * 20, "JOB_SECRET_FILE": "/dev/null"}, "JOB_SECRET and JOB_SECRET_FILE are both set"),

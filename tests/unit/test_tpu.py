@@ -137,7 +137,7 @@ def test_behind_a_secret_the_xla_store_is_the_job_store_through_the_nodes_tunnel
     """torch_xla's xla:// handler takes TORCHELASTIC_USE_AGENT_STORE (every process a client),
     so no process 0 serves a store on XLA_PORT's every interface; the dry run says so."""
     p = plan(ROLE="worker", NUM_NODES=2, NODE_RANK=1, MASTER_ADDR="10.0.0.1", XLA_PORT=29411,
-             JOB_SECRET="a-test-secret-of-32-characters!!")
+             JOB_SECRET="3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e")
     nodes = (NodeInfo(0, "10.0.0.1", 1), NodeInfo(1, "10.0.0.2", 1))
     [spec] = plan_processes(p, Placement(1, nodes, store_endpoint="127.0.0.1:41234"))
     assert (spec.env["MASTER_ADDR"], spec.env["MASTER_PORT"], spec.env["TORCHELASTIC_USE_AGENT_STORE"]) == \
