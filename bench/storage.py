@@ -42,6 +42,7 @@ from testing.processes import PY, ROOT  # noqa: E402
 from testing.s3 import ADMIN, REGION, SeaweedS3  # noqa: E402
 
 TOOLS_DIR = Path("/opt/s3tools/bin")
+OURS = "entrypoint (obstore, boto3 credentials)"
 
 
 def tool(name: str) -> str | None:
@@ -71,7 +72,7 @@ def stage_commands(s3: SeaweedS3, url: str, dest: str) -> dict[str, list[str] | 
     bucket_path = url[len("s3://"):]
     aws, s5, rc = tool("aws"), tool("s5cmd"), tool("rclone")
     return {
-        "entrypoint (obstore, boto3 credentials)": [PY, str(WORKLOADS / "stage_once.py"), url, dest],
+        OURS: [PY, str(WORKLOADS / "stage_once.py"), url, dest],
         "aws s3 sync": [aws, "s3", "sync", url, dest, "--endpoint-url", s3.endpoint, "--only-show-errors"] if aws else None,
         "s5cmd sync": [s5, "--endpoint-url", s3.endpoint, "sync", f"{url.rstrip('/')}/*", dest + "/"] if s5 else None,
         "rclone copy": [rc, "copy", f"bench:{bucket_path}", dest] if rc else None,
@@ -91,6 +92,7 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
         fill(s3, bucket, "set", count, size, work)
         url = f"s3://{bucket}/set/"
         times: dict[str, list[float]] = {}
+        phases: list[float] = []                 # ours: the staging alone
         commands = stage_commands(s3, url, "DEST")
         for _ in range(rounds):
             for label, cmd in commands.items():
@@ -110,9 +112,8 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
                 times.setdefault(label, []).append(took)
                 phase = re.search(r"PHASE client=([\d.]+) stage=([\d.]+)", run.stdout)
                 if phase:
-                    times.setdefault(label + " phase", []).append(float(phase.group(2)))
-        best_other = min((median(v) for k, v in times.items() if not k.startswith("entrypoint")), default=None)
-        phase = times.pop("entrypoint (obstore, boto3 credentials) phase", None)
+                    phases.append(float(phase.group(2)))
+        best_other = min((median(v) for k, v in times.items() if k != OURS), default=None)
         for label, cmd in commands.items():
             if cmd is None:
                 rows.append({"dataset": name, "tool": label, "seconds": None, "MBps": None, "vs_best": None,
@@ -121,9 +122,9 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
             sec = median(times[label])
             rows.append({"dataset": name, "tool": label, "seconds": sec, "MBps": count * size / sec / 1e6,
                          "vs_best": sec / best_other if best_other else None, "runs": len(times[label]), "note": ""})
-            if label.startswith("entrypoint") and phase:
-                rows[-1]["staging_s"] = median(phase)      # in a node: listing and fetching, its client made already
-                rows[-1]["staging_vs_best"] = median(phase) / best_other if best_other else None
+            if label == OURS and phases:
+                rows[-1]["staging_s"] = median(phases)     # in a node: listing and fetching, its client made already
+                rows[-1]["staging_vs_best"] = median(phases) / best_other if best_other else None
     return rows
 
 

@@ -149,7 +149,9 @@ class Text:
 @dataclass(frozen=True)
 class Secret:
     """A secret: taken as given (surrounding blanks aside) and never shown in an error;
-    secret.py checks it is strong enough (JOB_SECRET_FILE's too)."""
+    secret.py checks it is strong enough by the rule `expected` states (JOB_SECRET_FILE's too)."""
+    expected: str = ("a generator's: at least 32 hex digits, or 22 base64 characters mixing upper case, lower "
+                     "case and digits, or 40 characters with 16 different ones")
 
     def parse(self, name: str, text: str, image: Image) -> str:
         return text.strip()
@@ -268,8 +270,7 @@ VARIABLES = (
         'rendezvous id, the same on every node of a job'),
     Var("JOB_SECRET", Secret(), None,
         "the job's shared secret, the same on every node, from a generator (`disttrain secret`, "
-        "`openssl rand -hex 32`: at least 32 hex digits, or 22 base64 characters mixing cases and digits, or 40 "
-        "characters with 16 different ones), keyed with `RUN_ID`: the job store, "
+        "`openssl rand -hex 32`), keyed with `RUN_ID`: the job store, "
         "torchrun's and Horovod's rendezvous then take only TLS connections from nodes that hold it; "
         "default: none (anyone who reaches `MASTER_PORT` can join, stop or run code in the job; "
         "docs/security.md)"),

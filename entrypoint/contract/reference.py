@@ -37,7 +37,7 @@ def allowed(var: Var) -> str:
     if isinstance(kind, PassThrough):
         return "as the library reads it"
     if isinstance(kind, Secret):
-        return "a generator's: 32 hex digits or more (`disttrain secret`)"
+        return kind.expected
     if isinstance(kind, Text):
         return kind.expected
     raise TypeError(f"{var.name}: no description for kind {type(kind).__name__}")

@@ -27,15 +27,14 @@ import ssl
 import tempfile
 from dataclasses import dataclass
 
-from ..contract.config import VARIABLES, Config, ConfigError
+from ..contract.config import VARIABLES, Config, ConfigError, Secret
 
-RULE = ("at least 32 hex characters, or 22 base64 characters mixing upper case, lower case and digits, "
-        "or 40 characters with 16 different ones")
+RULE = Secret.expected
 SUGGESTION = "make one with `disttrain secret` (in the image) or `openssl rand -hex 32`"
 # Fixed inputs of the derivation: changing any makes every node's identity differ from an
 # older image's, so they are versioned.
 KDF_SALT = b"disttrain control plane v2|run_id="
-SCRYPT = dict(n=2**15, r=8, p=1, maxmem=64 * 2**20, dklen=32)      # 32 MiB, about 0.1 s a guess
+SCRYPT = dict(n=2**15, r=8, p=1, maxmem=64 * 2**20, dklen=32)      # 32 MiB, 0.15 s a guess here
 CERT_NAME = "disttrain-job"
 DEFAULT_RUN_ID = next(v.default for v in VARIABLES if v.name == "RUN_ID")
 
@@ -53,9 +52,9 @@ def weakness(secret: bytes) -> str | None:
     a generator makes (hex of 16 bytes or more, base64 of 16 bytes or more) passes; any
     other secret must be long and varied; none may be one short piece repeated."""
     distinct = len(set(secret))
-    for unit in range(1, len(secret) // 2 + 1):
-        if len(secret) % unit == 0 and secret == secret[:unit] * (len(secret) // unit):
-            return f"it repeats {unit} character(s)"
+    unit = (secret + secret).find(secret, 1)            # the shortest piece it is a repetition of
+    if unit < len(secret):
+        return f"it repeats {unit} character(s)"
     digits = secret.replace(b"-", b"").replace(b":", b"")          # a UUID's dashes, a digest's colons
     if _HEX.fullmatch(digits):
         return None if len(digits) >= 32 and len(set(digits)) >= 8 else f"{len(digits)} hex digits"
@@ -116,7 +115,7 @@ class Identity:
         """The identity of the job `run_id` (RUN_ID) keyed by `secret`: two jobs that share a
         secret but not a RUN_ID refuse each other's nodes."""
         from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         from cryptography.x509.oid import NameOID
 

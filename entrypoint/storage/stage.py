@@ -20,7 +20,7 @@ from typing import Callable
 from ..contract.config import ConfigError
 from ..contract.urls import BucketUrl
 from .client import StorageError, describe
-from .transfer import Obj, Progress, Transfers, list_objects, mib
+from .transfer import Obj, Progress, Transfers, mib
 
 INDEX = ".disttrain-cache.json"
 LOCK = ".disttrain-cache.lock"
@@ -109,10 +109,7 @@ def stage_data(client, url: BucketUrl, folder: str, say: Callable[[str], None], 
 def _stage_locked(client, url, folder, say, env, until) -> Staged:
     transfers = Transfers(client, url.bucket)
     try:
-        try:
-            listing = transfers.list(url.prefix)
-        except Exception:                   # a key object_store will not take as a path: boto3 takes any
-            listing = list_objects(client, url)
+        listing = transfers.list(url)
     except Exception as exc:
         raise StorageError(f"DATA_DIR={str(url)!r}: cannot list it: {describe(exc, env)}") from None
     index = _read_index(folder)

@@ -1,6 +1,7 @@
 """Many objects at once, in parallel, through one connection pool (obstore: Rust's
 object_store for Python), with boto3's credential chain; one progress line at most every
-few seconds. Listing stays with boto3 (its paginator gives size and ETag)."""
+few seconds. Listings are obstore's too (size and ETag), boto3's paginator where
+object_store will not take a key as a path."""
 
 from __future__ import annotations
 
@@ -181,20 +182,22 @@ class Transfers:
 
     def __init__(self, client, bucket: str, concurrency: int = CONCURRENCY, part: int = PART):
         self.store = open_store(client, bucket)
-        self.bucket, self.concurrency, self.part = bucket, concurrency, part
+        self.client, self.bucket, self.concurrency, self.part = client, bucket, concurrency, part
 
-    def list(self, prefix: str) -> list[Obj]:
-        """Every object under `prefix` (a folder: "" or ending in "/"), folder markers left
-        out: obstore's listing, its XML parsed in Rust (boto3's paginator took 0.2-0.3 s of
-        Python for 2,000 keys). A key object_store refuses as a path ('a//b', a '.' part)
-        raises; `list_objects` then lists through boto3."""
+    def list(self, url: BucketUrl) -> list[Obj]:
+        """Every object under the URL's prefix, folder markers left out: obstore's listing,
+        its XML parsed in Rust (boto3's paginator took 0.2-0.3 s of Python for 2,000 keys).
+        Where object_store refuses a key as a path ('a//b', a '.' part), or the listing
+        fails, boto3 lists (and says what is wrong, as the store does)."""
         import obstore
         found = []
-        for batch in obstore.list(self.store, prefix=prefix.rstrip("/") or None, chunk_size=1000):
-            for meta in batch:
-                key = meta["path"]
-                if not key.endswith("/"):
-                    found.append(Obj(key, int(meta["size"]), (meta.get("e_tag") or "").strip('"')))
+        try:
+            for batch in obstore.list(self.store, prefix=url.prefix.rstrip("/") or None, chunk_size=1000):
+                for meta in batch:
+                    if not meta["path"].endswith("/"):
+                        found.append(Obj(meta["path"], int(meta["size"]), (meta.get("e_tag") or "").strip('"')))
+        except Exception:
+            return list_objects(self.client, url)
         return found
 
     def download(self, items: list[tuple[str, str]], progress: Progress | None = None,
@@ -214,7 +217,6 @@ class Transfers:
             os.makedirs(folder, exist_ok=True)
         sizes = sizes or {}
         files = [_Landing(key, path, sizes.get(key), self.part) for key, path in items]
-        failed: list[tuple[str, BaseException]] = []
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="fetch") as pool:
             pending = {pool.submit(self._fetch, f, start, end, progress, until): f
                        for f in files for start, end in f.parts}
@@ -226,8 +228,7 @@ class Transfers:
                         progress.file_done()
                 if progress:
                     progress.tick()
-        failed += [(f.key, f.error) for f in files if f.error is not None]
-        return failed
+        return [(f.key, f.error) for f in files if f.error is not None]
 
     def _fetch(self, f: "_Landing", start: int | None, end: int | None, progress: Progress | None, until) -> None:
         """One part of a file (start None: the whole object), streamed into its place."""
