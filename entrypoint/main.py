@@ -26,6 +26,7 @@ from .contract.arguments import Invocation, parse_arguments
 from .contract.config import VARIABLES, ConfigError
 from .explain import assumed_placement, explain
 from .health.progress import ProgressFolder
+from .health.vigil import DIAGNOSTICS
 from .job.finish import finish_together
 from .job.join import Job, JoinedJob, LocalJob, NotJoined
 from .machine import hardware
@@ -118,6 +119,8 @@ def _run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity 
             return exc.outcome
         if storage:
             storage.start_mirror(joined.placement.node_rank, log.say)
+        if plan.mode == "distributed" and not c.elastic:     # a lost node's peers fail in a collective
+            log.hold_tracebacks(os.path.join(c.checkpoint_dir, DIAGNOSTICS), joined.placement.node_rank)
         store = joined.placement.store_endpoint
         if store and "DISTTRAIN_JOB_STORE" in plan.env:     # behind JOB_SECRET: this node's tunnel
             plan = dataclasses.replace(plan, env={**plan.env, "DISTTRAIN_JOB_STORE": store})
@@ -213,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # A failure and its reasons go to stderr, so that no pipe puts the verdict first; a
     # success and a stop asked for (SIGTERM) to stdout.
+    log.release()
     log.say(f"done: exit {outcome.code} after {time.monotonic() - started:.1f}s",
             error=not (outcome.ok or outcome.on_purpose))
     sys.stdout.flush()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from ..running.loop import consequence
 from ..running.outcome import NodeState, Outcome
 from ..store.transport import StoreGone
 from .watch import JobWatch
@@ -69,7 +70,7 @@ class Finishing:
             return outcome
         aborted = self.ends.aborted()
         if aborted is not None:
-            self.log.say(f"stopping: {aborted.reason}", error=not aborted.on_purpose)
+            self.log.say(f"stopping: {aborted.reason}{consequence(self.log.divert())}", error=not aborted.on_purpose)
             return aborted
         return outcome
 

@@ -83,6 +83,11 @@ class WatchEverySecond:
         return verdict
 
 
+def consequence(path: str | None) -> str:
+    """What a stopping line adds when the node's ranks' tracebacks went to a file."""
+    return f" (this node's tracebacks, its consequence: {path})" if path else ""
+
+
 def supervise(runner: Supervised, watch: Watch | None, signals: Signals, log: Log) -> Outcome:
     """Until something ends this node: a signal, the runner's verdict, or the job watch's."""
     every_second = WatchEverySecond(watch, log)
@@ -98,8 +103,9 @@ def supervise(runner: Supervised, watch: Watch | None, signals: Signals, log: Lo
         if (outcome := runner.poll()) is not None:
             if watch is not None and watch.has_peers and outcome.state is NodeState.FAILED:
                 outcome = watch.cause_of(outcome)
-                if outcome.state is not NodeState.FAILED:
-                    log.say(f"stopping: {outcome.reason}", error=True)
+                if outcome.state is not NodeState.FAILED:      # a lost node: the ranks' tracebacks are its consequence
+                    log.say(f"stopping: {outcome.reason}{consequence(log.divert())}", error=True)
+            log.release()
             return outcome
         if (verdict := every_second.verdict()) is not None:
             return verdict

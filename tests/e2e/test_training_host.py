@@ -146,8 +146,16 @@ def test_killed_worker_ends_every_process_within_30s(jobs, framework, launcher):
     code, seconds = lose_a_worker(job)
     assert code != 0
     assert seconds < 30, job[0].output[-3000:]
-    # The master names the lost node, not only its own rank's failure in a collective.
-    assert "lost node 1 at 127.0.0.2: no heartbeat" in job[0].output, job[0].output[-3000:]
+    # The master names the lost node, not only its own rank's failure in a collective, in
+    # at most 3 lines after its ranks' progress; their tracebacks (the consequence) go to
+    # the diagnostics folder, which the line names.
+    lines = job[0].output.splitlines()
+    told = [line for line in lines[max(i for i, line in enumerate(lines) if "TRAINING" in line) + 1:]
+            if not re.match(r"\[rank\d+\]: step \d+ loss", line)]
+    assert len(told) <= 3 and "lost node 1 at 127.0.0.2: no heartbeat" in told[-2], told
+    path = re.search(r"this node's tracebacks, its consequence: (\S+)\)", told[-2]).group(1)
+    kept = open(path).read()
+    assert "[rank0]: " in kept and ("Traceback" in kept or "Connection reset" in kept), kept[-2000:]
 
 
 def test_sigterm_stops_the_node_within_the_grace_period(jobs):
@@ -170,6 +178,8 @@ def test_master_that_never_started_is_a_clear_error_after_rdzv_timeout(jobs):
     elapsed = time.monotonic() - started
     assert code == 3 and 5 <= elapsed < 20, worker.output
     assert "127.0.0.1:" in worker.output and "RDZV_TIMEOUT=6s" in worker.output
+    told = [line for line in worker.output.splitlines() if not line.startswith("entrypoint: preflight")]
+    assert len(told) <= 3, told         # joining, why it failed, the verdict
 
 
 def test_a_rank_crashing_at_exit_never_strands_its_peer(jobs):

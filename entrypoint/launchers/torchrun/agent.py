@@ -37,7 +37,7 @@ from ...running.reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from ...running.signals import Signals
 from .launch import Torchrun, TorchrunLaunch
 from .node_ids import distinct_node_ids
-from .run import worker_failure
+from .run import FAILURE_REPORT, worker_failure
 from .worker_stores import WorkersStores
 
 AGENT_LABEL = "torchrun"
@@ -176,6 +176,7 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
             return super()._monitor_workers(worker_group)
 
     distinct_node_ids()
+    logging.getLogger(FAILURE_REPORT).setLevel(logging.CRITICAL)
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
                                   min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)

@@ -20,6 +20,9 @@ from ...running.outcome import Outcome, signal_code, signal_name
 from .node_ids import distinct_node_ids
 
 LABEL = "torchrun"
+# torch's report of a failed worker ('failed (exitcode: 1) local_rank: 0 (pid: ...) of
+# binary: ...'): worker_failure's one line says the same.
+FAILURE_REPORT = "torch.distributed.elastic.multiprocessing.api"
 
 
 def worker_failure(rank: int, code: int) -> Outcome:
@@ -35,6 +38,7 @@ def quiet_warnings() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger(FAILURE_REPORT).setLevel(logging.CRITICAL)
 
 
 def main(argv: list[str]) -> int:
