@@ -168,6 +168,7 @@ def test_docker_stop_checkpoints_within_the_grace_period_and_a_restart_resumes(i
         first = logs.stdout + logs.stderr
         assert docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip() == "143", first[-3000:]
         assert took < 20, f"docker stop took {took:.1f}s"
+        assert "Traceback" not in first and "SignalException" not in first, first[-3000:]     # the stop, the checkpoint, the exit
         steps = set(re.findall(r"PREEMPTED rank=\d checkpoint_step=(\d+)", first))
         assert len(steps) == 1 and len(re.findall("PREEMPTED rank=", first)) == 2, first[-3000:]
         step = int(steps.pop())

@@ -86,3 +86,12 @@ def test_a_stalled_mxnet_worker_is_named_and_the_job_ends_with_124(jobs, tmp_pat
     assert f"rank 1 (node 0 on " in line and f"stalled after step 14: it is at {stall}:{line_no} in wait_forever" \
         in line, line
     assert re.search(r"rank 0 \(node 0 on \S+\) waits in MXNet", line), line
+
+
+def test_a_workers_own_exit_code_is_the_jobs(jobs):
+    """sys.exit(7) on one of MXNet's worker processes (beside its servers and scheduler)
+    ends the node with 7, as under the other launchers (test_exit_codes_host.py)."""
+    codes, output = jobs.run(1, ["--rank", "1", "--code", "7"], timeout=120, python=PYTHON, FRAMEWORK="mxnet",
+                             NPROC_PER_NODE=2, ENTRYPOINT=str(ROOT / "tests/e2e/exit_with.py"))
+    assert codes == [7], output[-4000:]
+    assert "rank 1: exiting with 7" in output and "Traceback" not in output, output[-4000:]
