@@ -7,7 +7,15 @@ server (secret.Identity) that relays each authenticated connection to it. Every 
 store's clients on that node (the entrypoint, torch's agent, the training processes) connect
 to 127.0.0.1:<tunnel port> as to any store. A peer without the secret never gets past the
 handshake: nothing it sends reaches the store. The Gate logs one line per refused peer
-address (then at most one a minute for it, with the count).
+address (then at most one a minute for it, with the count, flushed each minute).
+
+A stranger cannot wear the Gate down before a handshake: at most MAX_WAITING_PER_ADDRESS
+connections from one address (and a quarter of the descriptor limit in all) wait for their
+handshake at once, each for at most HANDSHAKE_TIMEOUT_S; more are closed on arrival and
+counted. A peer that took the certificate and left (an anonymous handshake, the first step
+of guessing the secret offline) is counted like any refusal; one that closed before saying
+anything (a port probe) is not. The loop's own errors (a descriptor limit reached while
+accepting) are one line a minute, not a traceback per attempt.
 
 A Gate may carry more than one backend: a Tunnel names the one it wants in its TLS server
 name (SNI), and the Gate relays it there if it has a route by that name (`route()`); other
@@ -29,7 +37,10 @@ Both run on one asyncio loop in a daemon thread (`_loop()`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
+import random
+import resource
 import socket
 import ssl
 import threading
@@ -38,7 +49,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_WAITING_PER_ADDRESS = 32   # connections from one address waiting for their handshake at once
 ROUTE_SUFFIX = ".disttrain"    # server names that only a Gate's routes answer (route())
 _SNI = "disttrain_server_name"  # where the server-side SSLObject keeps the name its client asked for
 REFUSAL_QUIET_S = 60.0         # one refusal line per peer address per minute
@@ -48,6 +60,7 @@ MAX_FRAME = 64 << 20                  # bytes in one framed request or response
 EXCHANGE_TIMEOUT_S = 60.0             # the backend's whole response, once it has the request
 
 _LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_ERRORS: "LoopErrors | None" = None
 _LOOP_LOCK = threading.Lock()
 _TASKS: set = set()            # asyncio keeps only weak references to tasks: the live ones are held here
 
@@ -67,6 +80,51 @@ def _loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, daemon=True, name="tls-relay").start()
             _LOOP = loop
         return _LOOP
+
+
+class LoopErrors:
+    """The relay loop's exception handler: one line per kind of error a minute, with how
+    many there were since the last (asyncio's default prints a traceback for each: 10,000
+    in 12 s when a stranger's connections use up the descriptors)."""
+
+    def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
+        self.say, self.quiet_s = say, quiet_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __call__(self, loop, context: dict) -> None:
+        exc = context.get("exception")
+        kind = type(exc).__name__ if exc is not None else "error"
+        what = f"{context.get('message', 'error')}: {kind}{f' ({exc})' if exc else ''}"
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.quiet_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        held = self._held.pop(kind, 0)
+        self._last[kind] = now
+        self.say(f"the control plane's relay: {what}" + (f" (and {held} more since the last line)" if held else ""))
+
+
+def report_loop_errors(say: Callable[[str], None]) -> None:
+    """The relay loop's errors go to `say`, rate-limited (the first caller's)."""
+    global _LOOP_ERRORS
+    if _LOOP_ERRORS is None:
+        _LOOP_ERRORS = LoopErrors(say)
+        _loop().call_soon_threadsafe(_loop().set_exception_handler, _LOOP_ERRORS)
+
+
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors raised to the hard one (what a stranger's
+    connections would use up first); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def _run(coro, timeout: float | None = None):
@@ -141,13 +199,22 @@ def refusal_reason(exc: BaseException) -> str:
         return "it presented no certificate (no JOB_SECRET)"
     if isinstance(exc, ssl.SSLError):
         return f"it does not speak TLS (no JOB_SECRET; {reason or type(exc).__name__})"
-    if isinstance(exc, asyncio.TimeoutError):
+    if isinstance(exc, (asyncio.TimeoutError, ConnectionAbortedError)):     # asyncio aborts a slow handshake
         return f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:.0f}s"
     return f"the handshake failed ({type(exc).__name__}: {exc})"
 
 
+TOOK_THE_CERTIFICATE = "it left after taking the certificate (an anonymous handshake, or a node whose JOB_SECRET differs)"
+
+
+def too_many_waiting(limit: int, per_address: bool) -> str:
+    where = "from this address" if per_address else "in all"
+    return f"{limit} connections {where} already wait for their handshake"
+
+
 class Refusals:
-    """One line per refused address and reason, then at most one per REFUSAL_QUIET_S with the count."""
+    """One line per refused address and reason, then at most one per REFUSAL_QUIET_S with
+    the count; `flush()` says the counts held longer than that, even without a new refusal."""
 
     def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
         self.say, self.quiet_s = say, quiet_s
@@ -168,6 +235,14 @@ class Refusals:
         self._last[key] = now
         self.say(f"refused a connection from {addr} to the job's control plane: {why}{more}")
 
+    def flush(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for key in [k for k in self._held if now - self._last[k] >= self.quiet_s]:
+            held = self._held.pop(key)
+            self._last[key] = now
+            self.say(f"refused {held} more connection(s) from {key[0]} to the job's control plane since the last "
+                     f"line: {key[1]}")
+
 
 class _Listening:
     """A server on the relay loop; stop() closes its listening socket (open relays end with their peers)."""
@@ -182,6 +257,19 @@ class _Listening:
 def _note_server_name(ssl_object, server_name: str | None, context) -> None:
     """The server context's SNI callback: keep the name for the Gate to route by."""
     setattr(ssl_object, _SNI, server_name)
+    if (peer := _PEER.get()) is not None:
+        peer.said_hello = True
+
+
+class _Peer:
+    """One connection's handshake, as the server name callback sees it."""
+    said_hello = False
+
+
+# The connection whose ClientHello the server name callback is reading. asyncio runs a
+# transport's reads in a copy of the context its reading was resumed in, which start_tls
+# does from the Gate's task for this connection: the callback finds that connection's _Peer.
+_PEER: contextvars.ContextVar[_Peer | None] = contextvars.ContextVar("disttrain_gate_peer", default=None)
 
 
 class Gate(_Listening):
@@ -189,11 +277,14 @@ class Gate(_Listening):
     port routed for the server name the client asked for."""
 
     def __init__(self, port: int, backend_port: int, context: ssl.SSLContext, say: Callable[[str], None],
-                 host: str = "0.0.0.0"):
+                 host: str = "0.0.0.0", quiet_s: float = REFUSAL_QUIET_S):
         self.port, self.backend_port, self.context, self.host = port, backend_port, context, host
-        self.refusals = Refusals(say)
+        self.refusals = Refusals(say, quiet_s)
         self._routes: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}       # connections per address waiting for their handshake
+        self.max_waiting = max(MAX_WAITING_PER_ADDRESS, raise_descriptor_limit() // 4)
         context.sni_callback = _note_server_name
+        report_loop_errors(say)
 
     def route(self, name: str, port: int) -> None:
         """Relay connections that ask for server name `name` (ending in ROUTE_SUFFIX) to 127.0.0.1:`port`."""
@@ -221,30 +312,55 @@ class Gate(_Listening):
                 _spawn(gate._on_peer(transport))
 
         async def serve():
-            return await asyncio.get_running_loop().create_server(Held, self.host, self.port, reuse_address=True)
+            server = await asyncio.get_running_loop().create_server(Held, self.host, self.port, reuse_address=True)
+            _spawn(self._flush_refusals(server))
+            return server
         self._server = _run(serve(), 10)
         return self
 
+    async def _flush_refusals(self, server) -> None:
+        """The counts held back, each minute while the Gate serves (the rest at stop())."""
+        while server.is_serving():
+            await asyncio.sleep(self.refusals.quiet_s / 6)
+            self.refusals.flush()
+
+    def stop(self) -> None:
+        """Stop serving; the counts still held back are said now."""
+        super().stop()
+
+        async def flush():
+            self.refusals.flush(now=float("inf"))
+        try:
+            _run(flush(), 2)
+        except Exception:           # a loop too busy to answer: the counts go unsaid
+            pass
+
+    def _admit(self, addr: str) -> str | None:
+        """Why a new connection from `addr` may not wait for a handshake now; None: it may."""
+        if self._waiting.get(addr, 0) >= MAX_WAITING_PER_ADDRESS:
+            return too_many_waiting(MAX_WAITING_PER_ADDRESS, per_address=True)
+        if sum(self._waiting.values()) >= self.max_waiting:
+            return too_many_waiting(self.max_waiting, per_address=False)
+        return None
+
     async def _on_peer(self, transport: asyncio.Transport) -> None:
-        loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         addr = peer[0] if peer else "?"
-        reader = asyncio.StreamReader()
-        protocol = asyncio.StreamReaderProtocol(reader)
+        if (full := self._admit(addr)) is not None:
+            transport.abort()
+            self.refusals.refused(addr, full)
+            return
+        self._waiting[addr] = self._waiting.get(addr, 0) + 1
         try:
-            tls = await loop.start_tls(transport, protocol, self.context, server_side=True,
-                                       ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
-        except (ConnectionResetError, EOFError):
-            # Closed before saying anything: a port probe (a health check, a worker without
-            # a secret testing whether the port is up). Nothing reached the store; not logged.
-            transport.abort()
+            done = await self._handshake(transport, addr)
+        finally:
+            if (left := self._waiting[addr] - 1) > 0:
+                self._waiting[addr] = left
+            else:
+                del self._waiting[addr]
+        if done is None:
             return
-        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
-            self.refusals.refused(addr, refusal_reason(exc))
-            transport.abort()
-            return
-        protocol.connection_made(tls)
-        writer = asyncio.StreamWriter(tls, protocol, reader, loop)
+        tls, reader, writer = done
         server_name = getattr(tls.get_extra_info("ssl_object"), _SNI, None)
         if server_name == REQUESTS_NAME:
             await self._exchange_requests(reader, writer)
@@ -259,6 +375,31 @@ class Gate(_Listening):
             writer.close()
             return
         await _relay((reader, writer), backend)
+
+    async def _handshake(self, transport: asyncio.Transport, addr: str):
+        """The TLS transport and its reader and writer; None when refused (counted) or probed."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        peer = _Peer()
+        _PEER.set(peer)
+        try:
+            tls = await loop.start_tls(transport, protocol, self.context, server_side=True,
+                                       ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except (ConnectionResetError, EOFError):
+            # Closed before the handshake's end. Before its ClientHello: a port probe (a
+            # health check, a worker testing whether the port is up), not logged. After it
+            # (the server name callback ran): the peer has the certificate and left.
+            if peer.said_hello:
+                self.refusals.refused(addr, TOOK_THE_CERTIFICATE)
+            transport.abort()
+            return None
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+            self.refusals.refused(addr, refusal_reason(exc))
+            transport.abort()
+            return None
+        protocol.connection_made(tls)
+        return tls, reader, asyncio.StreamWriter(tls, protocol, reader, loop)
 
     async def _exchange_requests(self, reader, writer) -> None:
         """A RequestTunnel's connection: framed requests, one after another, each handed to
@@ -321,9 +462,22 @@ class Tunnel(_Listening):
         return self
 
     async def _open(self) -> tuple:
-        return await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.remote_port, ssl=self.context, server_hostname=self.server_name),
-            HANDSHAKE_TIMEOUT_S)
+        """A TLS connection to the Gate. One reset before the handshake's end (the Gate
+        closes what arrives while too many wait: a burst of this node's own, or a stranger's)
+        is tried again after a short, growing, jittered pause, within HANDSHAKE_TIMEOUT_S."""
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + HANDSHAKE_TIMEOUT_S, 0.02
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.remote_port, ssl=self.context,
+                                            server_hostname=self.server_name),
+                    max(0.1, deadline - loop.time()))
+            except ConnectionResetError:
+                if loop.time() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+                pause = min(2 * pause, 0.5)
 
     async def _on_local(self, reader, writer) -> None:
         try:

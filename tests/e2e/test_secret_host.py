@@ -263,3 +263,63 @@ def test_a_taken_horovod_port_ends_the_job_in_one_line_on_both_nodes(jobs, secre
     assert codes == [3, 1 if secret.startswith("elastic") else 3], master.output[-3000:] + worker.output[-3000:]
     assert line in master.output and "Traceback" not in master.output, master.output[-3000:]
     assert line in worker.output and "lost" not in worker.output, worker.output[-3000:]
+
+
+def test_a_stranger_holding_hundreds_of_connections_keeps_no_node_out(jobs, tmp_path):
+    """The master's process at 256 descriptors; a stranger (127.0.0.9) holds 400 silent
+    connections and 100 half ClientHellos on MASTER_PORT, and another (.10) takes the
+    certificate and leaves: a holder of the secret gets in within 2 s, the worker joins and the job trains,
+    and the master says it in a few lines with the counts."""
+    import socket
+    import sys
+
+    from entrypoint.security.secret import Identity
+    from entrypoint.security.tunnel import handshake
+    from tests.unit.test_secret import client_hello, reset
+
+    python = tmp_path / "python-256-descriptors"
+    python.write_text(f'#!/bin/sh\nif [ "$ROLE" = master ]; then ulimit -n 256; fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    job = jobs.start(2, STEPS, python=str(python), order=[0, 1], FRAMEWORK="pytorch", RUN_ID="guarded",
+                     JOB_SECRET=SECRET)
+    master, port = job[0], int(job[0].env["MASTER_PORT"])
+    node = Identity.derive(SECRET.encode(), "guarded").client_context()
+    deadline = time.monotonic() + 60
+    while handshake("127.0.0.1", port, node, timeout=1).answer.value != "in":
+        assert time.monotonic() < deadline and master.proc.poll() is None, master.output[-2000:]
+        time.sleep(0.2)
+
+    def stranger(send: bytes = b"", addr: str = "127.0.0.9") -> socket.socket | None:
+        conn = socket.socket()
+        conn.bind((addr, 0))
+        try:
+            conn.connect(("127.0.0.1", port))
+            conn.sendall(send)
+        except OSError:             # closed at once: the Gate keeps no more from this address
+            conn.close()
+            return None
+        return conn
+
+    hello = client_hello()
+    held = [stranger() for _ in range(400)] + [stranger(hello[:len(hello) // 2]) for _ in range(100)]
+    anonymous = stranger(hello, addr="127.0.0.10")        # from an address the Gate still waits for
+    anonymous.settimeout(5)
+    assert len(anonymous.recv(65536)) > 300
+    reset(anonymous)
+    started = time.monotonic()
+    assert handshake("127.0.0.1", port, node, timeout=5).answer.value == "in"
+    assert time.monotonic() - started < 2
+    codes = [n.wait(120) for n in job]
+    for conn in held:
+        if conn is not None:
+            conn.close()
+    assert codes == [0, 0], master.output[-3000:]
+    check_trained("\n".join(n.output for n in job), 2)
+    said = [line for line in master.output.splitlines() if line.startswith("entrypoint: ")]
+    assert len(said) < 50, "\n".join(said)
+    refusals = [line for line in said if "127.0.0.9 " in line]
+    assert any("already wait for their handshake" in line for line in refusals), said
+    assert any("no TLS handshake within 5s" in line for line in refusals), said
+    assert any("127.0.0.10 " in line and "left after taking the certificate" in line for line in said), said
+    counted = sum(int(n) for line in refusals for n in re.findall(r"(?:and |refused )(\d+) more", line))
+    assert counted + len(refusals) >= 400, said

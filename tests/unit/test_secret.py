@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
 import time
 
@@ -13,7 +14,9 @@ import pytest
 from entrypoint.contract.config import ConfigError
 from entrypoint.explain import control_plane
 from entrypoint.security.secret import Identity, SecretError, new_secret, read_secret, weakness
-from entrypoint.security.tunnel import Answer, Gate, Refusals, RequestTunnel, Tunnel, handshake, refusal_reason
+from entrypoint.security import tunnel
+from entrypoint.security.tunnel import (Answer, Gate, LoopErrors, Refusals, RequestTunnel, Tunnel, handshake,
+                                         refusal_reason)
 from testing.plans import plan
 
 SECRET = b"3f9a1c7e5b2d8f4a6c0e9b7d5f3a1c8e"
@@ -121,6 +124,14 @@ def test_the_dry_run_names_what_a_secret_leaves_open_per_launcher():
     assert "not covered: Open MPI's out-of-band channel" in mpi
 
 
+def closed_unanswered(conn: socket.socket) -> bool:
+    """The other side closed (or reset) the connection without a byte of answer."""
+    try:
+        return conn.recv(16) == b""
+    except ConnectionResetError:
+        return True
+
+
 def echo_server(answer=lambda data: data) -> socket.socket:
     """A plain TCP server on loopback that sends back `answer(data)` for what it reads."""
     server = socket.create_server(("127.0.0.1", 0))
@@ -161,8 +172,9 @@ def test_a_tunnel_carries_bytes_only_for_the_same_secret(gate):
     wrong = Tunnel("127.0.0.1", g.port, other).start()
     with socket.create_connection(("127.0.0.1", wrong.port), timeout=5) as conn:
         conn.sendall(b"ping")
-        assert conn.recv(16) == b""                        # closed, nothing echoed
-    assert not said or "not this job's" in said[-1]      # the tunnel may drop it before its alert is read
+        assert closed_unanswered(conn)
+    # The tunnel may leave before the Gate reads its alert: taking the certificate and leaving.
+    assert not said or "not this job's" in said[-1] or "left after taking the certificate" in said[-1]
     handshake("127.0.0.1", g.port, other)                # a node with that secret probing: it says why
     time.sleep(0.3)
     assert said and all("refused a connection from 127.0.0.1" in line for line in said), said
@@ -331,7 +343,7 @@ def test_a_request_tunnel_with_another_secret_gets_no_answer(horovod_behind_a_ga
         # http.client does (RemoteDisconnected, a ConnectionError).
         with pytest.raises((RuntimeError, ConnectionError)):
             put_and_get(tunnel.port, "k", b"v")
-        assert not said or "not this job's" in said[-1]          # (dropped before its alert is read)
+        assert not said or "not this job's" in said[-1] or "left after taking the certificate" in said[-1]
         assert proxy.connections >= 1
     finally:
         tunnel.stop()
@@ -363,8 +375,82 @@ def test_refusals_are_one_line_per_address_and_reason_then_one_a_minute():
     assert len(lines) == 4 and "(and 4 more like it since the last line)" in lines[-1]
 
 
+def test_held_refusal_counts_are_said_after_a_quiet_minute_without_a_new_refusal():
+    lines: list[str] = []
+    r = Refusals(lines.append, quiet_s=60)
+    for t in range(4):
+        r.refused("10.0.0.7", "no TLS handshake within 5s", now=float(t))
+    r.flush(now=30.0)
+    assert len(lines) == 1
+    r.flush(now=61.0)
+    assert len(lines) == 2 and lines[-1].startswith("refused 3 more connection(s) from 10.0.0.7") \
+        and lines[-1].endswith("no TLS handshake within 5s")
+    r.flush(now=200.0)
+    assert len(lines) == 2
+
+
+def test_the_relay_loops_errors_are_one_line_a_minute_per_kind():
+    lines: list[str] = []
+    errors = LoopErrors(lines.append, quiet_s=60)
+    for _ in range(1000):
+        errors(None, {"message": "socket.accept() out of system resource", "exception": OSError(24, "Too many open files")})
+    errors(None, {"message": "Task exception was never retrieved", "exception": ValueError("x")})
+    assert len(lines) == 2 and "Too many open files" in lines[0] and "ValueError" in lines[1]
+
+
 def test_refusal_reasons_in_words():
+    assert refusal_reason(ConnectionAbortedError("SSL handshake is taking longer than 5.0 seconds: aborting the "
+                                                 "connection")) == "no TLS handshake within 5s"
     assert "different JOB_SECRET" in refusal_reason(ssl.SSLCertVerificationError("certificate verify failed"))
     wrong_version = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
     wrong_version.reason = "WRONG_VERSION_NUMBER"
     assert refusal_reason(wrong_version).startswith("it does not speak TLS")
+
+
+def client_hello() -> bytes:
+    """The first flight of a TLS client that checks nothing: what a stranger sends to get the certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    outgoing = ssl.MemoryBIO()
+    client = context.wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname="stranger")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+def reset(conn: socket.socket) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def test_an_anonymous_handshake_that_takes_the_certificate_is_counted_and_a_port_probe_is_not(gate):
+    g, said = gate
+    socket.create_connection(("127.0.0.1", g.port)).close()                  # a port probe
+    with socket.create_connection(("127.0.0.1", g.port), timeout=5) as conn:
+        conn.sendall(client_hello())
+        assert len(conn.recv(65536)) > 300                                     # the server's flight, its certificate in it
+        reset(conn)
+    deadline = time.monotonic() + 5
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said == ["refused a connection from 127.0.0.1 to the job's control plane: "
+                    "it left after taking the certificate (an anonymous handshake, or a node whose JOB_SECRET differs)"]
+    assert g.refusals.count == 1
+
+
+def test_connections_past_the_waiting_cap_are_closed_at_once_and_a_tunnel_tries_again(gate):
+    """An address holding MAX_WAITING_PER_ADDRESS silent connections gets no more; a node's
+    Tunnel from that address gets in once one of them goes (its reset is tried again)."""
+    g, said = gate
+    silent = [socket.create_connection(("127.0.0.1", g.port)) for _ in range(tunnel.MAX_WAITING_PER_ADDRESS)]
+    time.sleep(0.3)
+    with socket.create_connection(("127.0.0.1", g.port), timeout=5) as extra:
+        assert closed_unanswered(extra)                                        # closed on arrival
+    good = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).start()
+    threading.Timer(0.5, lambda: [conn.close() for conn in silent]).start()
+    with socket.create_connection(("127.0.0.1", good.port), timeout=5) as conn:
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b"ping"
+    good.stop()
+    assert any(f"{tunnel.MAX_WAITING_PER_ADDRESS} connections from this address already wait" in line
+               for line in said), said
