@@ -107,7 +107,7 @@ def test_patches_apply_to_the_horovod_sdist_in_order(tmp_path):
         sdist.extractall(tmp_path, filter="data")
     src = tmp_path / "horovod-0.28.1"
     patches = sorted((ROOT / "images/patches/horovod-0.28.1").glob("*.patch"))
-    assert len(patches) == 8
+    assert len(patches) == 9
     for patch in patches:
         result = subprocess.run(["patch", "--directory", str(src), "--strip", "1", "--forward", "--input",
                                  str(patch)], capture_output=True, text=True)
@@ -136,6 +136,22 @@ print(hosts.current_hosts.host_assignment_order)
         result = subprocess.run([sys.executable, "-c", ranked], capture_output=True, text=True, timeout=60,
                                 env={**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": str(seed)})
         assert result.stdout.strip() == "['node0', 'node1', 'node2']", result.stdout + result.stderr
+    # 0009: Horovod's services (elastic Horovod's notification service on every worker) read
+    # no body longer than 64 MiB, nor one of a negative length, before checking its digest.
+    bounded = """
+import socket, struct
+from horovod.runner.common.util.network import BasicService
+service = BasicService("probe", b"k" * 32, None)
+port = service._port
+for length in (2**31 - 1, -1):
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"d" * 32 + struct.pack("i", length) + b"x" * 4096)
+        print(length, conn.recv(16) == b"")        # closed at once, nothing read or allocated
+service.shutdown()
+"""
+    result = subprocess.run([sys.executable, "-c", bounded], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(src)})
+    assert result.stdout.split() == ["2147483647", "True", "-1", "True"], result.stdout + result.stderr
 
 
 def test_labels_carry_every_component_version():
