@@ -103,6 +103,12 @@ def _checked(secret: bytes, where: str) -> bytes:
     return secret
 
 
+class JobContext(ssl.SSLContext):
+    """An SSLContext that also knows the job's certificate (DER): what every peer must
+    present, byte for byte (tunnel.pinned)."""
+    certificate: bytes = b""
+
+
 @dataclass(frozen=True)
 class Identity:
     """The job's TLS identity: the PEM of its key and of its one certificate."""
@@ -151,7 +157,8 @@ class Identity:
         return self._client
 
     def _context(self, protocol: int) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(protocol)
+        ctx = JobContext(protocol)
+        ctx.certificate = ssl.PEM_cert_to_DER_cert(self.cert_pem.decode())
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3
         ctx.check_hostname = False             # the peer is whoever holds the key, under any address
         ctx.verify_mode = ssl.CERT_REQUIRED

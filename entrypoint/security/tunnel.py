@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import os
 import random
 import resource
 import socket
@@ -48,6 +49,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
+
+from .local_peer import socket_owner
 
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_WAITING_PER_ADDRESS = 32   # connections from one address waiting for their handshake at once
@@ -204,6 +207,7 @@ def refusal_reason(exc: BaseException) -> str:
     return f"the handshake failed ({type(exc).__name__}: {exc})"
 
 
+NOT_PINNED = "its certificate verifies but is not the job's own, byte for byte"
 TOOK_THE_CERTIFICATE = "it left after taking the certificate (an anonymous handshake, or a node whose JOB_SECRET differs)"
 
 
@@ -259,6 +263,15 @@ def _note_server_name(ssl_object, server_name: str | None, context) -> None:
     setattr(ssl_object, _SNI, server_name)
     if (peer := _PEER.get()) is not None:
         peer.said_hello = True
+
+
+def pinned(ssl_object, context: ssl.SSLContext) -> bool:
+    """Whether the peer's certificate is, byte for byte, the job's one certificate (the
+    context's, secret.JobContext): checked after every handshake, on top of the chain's
+    verification, so no other certificate the job's key might sign is ever taken."""
+    peer = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    expected = getattr(context, "certificate", None)
+    return peer is not None and bool(expected) and peer == expected
 
 
 class _Peer:
@@ -398,6 +411,10 @@ class Gate(_Listening):
             self.refusals.refused(addr, refusal_reason(exc))
             transport.abort()
             return None
+        if not pinned(tls.get_extra_info("ssl_object"), self.context):
+            self.refusals.refused(addr, NOT_PINNED)
+            tls.abort()
+            return None
         protocol.connection_made(tls)
         return tls, reader, asyncio.StreamWriter(tls, protocol, reader, loop)
 
@@ -456,10 +473,21 @@ class Tunnel(_Listening):
 
     def start(self) -> "Tunnel":
         async def serve():
-            return await asyncio.start_server(lambda r, w: _spawn(self._on_local(r, w)), "127.0.0.1", 0)
+            return await asyncio.start_server(lambda r, w: _spawn(self._admit(r, w)), "127.0.0.1", 0)
         self._server = _run(serve(), 10)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
+
+    async def _admit(self, reader, writer) -> None:
+        """Only a socket of this process's uid is carried with the job's identity
+        (local_peer.py); another user's is closed. One the table does not show (a kernel
+        without /proc/net/tcp) is carried: docs/security.md says so."""
+        peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        owner = socket_owner(peer[:2], local[:2]) if peer and local else None
+        if owner is not None and owner != os.getuid():
+            writer.transport.abort()
+            return
+        await self._on_local(reader, writer)
 
     async def _open(self) -> tuple:
         """A TLS connection to the Gate. One reset before the handshake's end (the Gate
@@ -469,7 +497,7 @@ class Tunnel(_Listening):
         deadline, pause = loop.time() + HANDSHAKE_TIMEOUT_S, 0.02
         while True:
             try:
-                return await asyncio.wait_for(
+                reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(self.host, self.remote_port, ssl=self.context,
                                             server_hostname=self.server_name),
                     max(0.1, deadline - loop.time()))
@@ -478,6 +506,11 @@ class Tunnel(_Listening):
                     raise
                 await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(2 * pause, 0.5)
+                continue
+            if not pinned(writer.get_extra_info("ssl_object"), self.context):
+                writer.transport.abort()
+                raise ssl.SSLError(NOT_PINNED)
+            return reader, writer
 
     async def _on_local(self, reader, writer) -> None:
         try:
@@ -580,8 +613,10 @@ def handshake(host: str, port: int, context: ssl.SSLContext | None, timeout: flo
     except OSError as exc:
         return Probe(Answer.DOWN, exc.strerror or str(exc))
     try:
-        with context.wrap_socket(raw, server_hostname=host):
-            return Probe(Answer.TLS if anonymous else Answer.IN)
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            if anonymous:
+                return Probe(Answer.TLS)
+            return Probe(Answer.IN) if pinned(tls, context) else Probe(Answer.WRONG_SECRET, NOT_PINNED)
     except ssl.SSLCertVerificationError as exc:
         return Probe(Answer.WRONG_SECRET, exc.verify_message or str(exc))
     except ssl.SSLError as exc:

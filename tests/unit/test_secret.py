@@ -3,6 +3,7 @@ the secret, what a probe learns from each kind of master, and the refusal lines.
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import struct
@@ -454,3 +455,83 @@ def test_connections_past_the_waiting_cap_are_closed_at_once_and_a_tunnel_tries_
     good.stop()
     assert any(f"{tunnel.MAX_WAITING_PER_ADDRESS} connections from this address already wait" in line
                for line in said), said
+
+
+def same_key_other_certificate(identity: Identity) -> bytes:
+    """A certificate that the job's key signs but that is not the job's (serial 2): PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(identity.key_pem, None)
+    mine = x509.load_pem_x509_certificate(identity.cert_pem)
+    builder = (x509.CertificateBuilder().subject_name(mine.subject).issuer_name(mine.issuer)
+               .public_key(key.public_key()).serial_number(2)
+               .not_valid_before(mine.not_valid_before_utc).not_valid_after(mine.not_valid_after_utc))
+    for extension in mine.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    return builder.sign(key, None).public_bytes(serialization.Encoding.PEM)
+
+
+def test_only_the_jobs_own_certificate_bytes_are_taken(gate, tmp_path):
+    """Pinned: the peer's certificate must be the job's, byte for byte, not merely one its
+    key signed (refused at verification, as the job's is no CA, or by the pin)."""
+    g, said = gate
+    identity = Identity.derive(SECRET)
+    other = same_key_other_certificate(identity)
+
+    class Held:
+        def __init__(self, der):
+            self.der = der
+
+        def getpeercert(self, binary_form=False):
+            return self.der
+
+    context = identity.client_context()
+    assert tunnel.pinned(Held(ssl.PEM_cert_to_DER_cert(identity.cert_pem.decode())), context)
+    assert not tunnel.pinned(Held(ssl.PEM_cert_to_DER_cert(other.decode())), context)
+    assert not tunnel.pinned(Held(None), context)
+    chain = tmp_path / "other.pem"
+    chain.write_bytes(identity.key_pem + other)
+    forged = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    forged.check_hostname, forged.verify_mode = False, ssl.CERT_REQUIRED
+    forged.load_verify_locations(cadata=identity.cert_pem.decode())
+    forged.load_cert_chain(chain)
+    assert handshake("127.0.0.1", g.port, forged).answer is not Answer.IN or not said
+    time.sleep(0.3)
+    assert said and ("not this job's" in said[-1] or "byte for byte" in said[-1]), said
+
+
+NOBODY = 65534
+# A client in bash (readable by any user, unlike the test's venv): "ping" through the
+# tunnel, then whatever comes back within 3 s.
+PING = 'exec 3<>/dev/tcp/127.0.0.1/{port}; printf ping >&3; timeout 3 head -c 4 <&3'
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starting a process of another uid needs root")
+def test_a_tunnel_carries_only_its_own_users_connections(gate):
+    """Another uid in the node's network namespace (a sidecar, a --network host neighbour)
+    cannot use a worker's tunnel to reach the master with the job's identity."""
+    import subprocess
+
+    g, _ = gate
+    good = Tunnel("127.0.0.1", g.port, Identity.derive(SECRET).client_context()).start()
+    try:
+        mine = subprocess.run(["bash", "-c", PING.format(port=good.port)], capture_output=True, text=True,
+                              timeout=30)
+        other = subprocess.run(["bash", "-c", PING.format(port=good.port)], capture_output=True, text=True,
+                               timeout=30, user=NOBODY, group=NOBODY, extra_groups=[], cwd="/")
+        assert mine.stdout == "ping", mine.stdout + mine.stderr
+        assert other.stdout == "", other.stdout + other.stderr
+    finally:
+        good.stop()
+
+
+def test_the_owner_of_a_loopback_socket_is_read_from_the_kernels_table():
+    from entrypoint.security.local_peer import socket_owner
+
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()) as client:
+        accepted, _ = server.accept()
+        with accepted:
+            assert socket_owner(client.getsockname(), server.getsockname()) == os.getuid()
+            assert socket_owner(("127.0.0.1", 1), server.getsockname()) is None
