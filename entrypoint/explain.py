@@ -39,6 +39,11 @@ def control_plane(plan: NodePlan) -> str:
     if not c.has_secret:
         return "open: no JOB_SECRET, anyone who reaches MASTER_PORT can join, stop or run code in the job"
     source = "JOB_SECRET_FILE" if c.job_secret_file else "JOB_SECRET"
+    if plan.direct:
+        return (f"{source} unused: a rank that {plan.direct.source} started meets the others without this "
+                f"image's control plane (through {plan.direct.source} and its process group's own rendezvous), "
+                f"which the secret does not cover: keep them on a private network; the secret is kept out of "
+                f"the rank's environment")
     still_open = plan.launcher.open_despite_secret()
     return (f"TLS with {source}: the job store and torchrun's rendezvous take only this job's nodes"
             + (f"; not covered: {'; '.join(still_open)}" if still_open else ""))
@@ -90,6 +95,8 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]
         lines.append(f"  rendezvous:  job store {r.endpoint}; this node serves: {', '.join(serves) or 'nothing'}; "
                      f"address exchange: {'yes' if r.exchange else 'no'}; timeout {r.timeout}s")
+        lines.append(f"  control:     {control_plane(plan)}")
+    elif plan.direct and c.has_secret:
         lines.append(f"  control:     {control_plane(plan)}")
     for source, value in sorted(c.sources.items()):
         lines.append(f"  from scheduler: {source} <- {value}")

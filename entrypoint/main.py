@@ -24,7 +24,7 @@ import time
 from .contract import manifest
 from .contract.arguments import Invocation, parse_arguments
 from .contract.config import VARIABLES, ConfigError
-from .explain import assumed_placement, explain
+from .explain import assumed_placement, control_plane, explain
 from .health.progress import ProgressFolder
 from .health.vigil import DIAGNOSTICS
 from .job.finish import finish_together
@@ -35,6 +35,7 @@ from .plan import NodePlan, command_env, plan_from_env, plan_processes
 from .running.log import Log
 from .running.outcome import Outcome
 from .running.signals import Signals
+from .security.environ import init_holds_secret, scrub_environ_block, without_secret
 from .security.secret import Identity, read_secret
 from .storage.client import StorageError
 from .storage.node import NodeStorage
@@ -71,9 +72,11 @@ def check_script(plan: NodePlan) -> None:
 
 def job_identity(plan: NodePlan) -> Identity | None:
     """The job's TLS identity from JOB_SECRET or JOB_SECRET_FILE (None: no secret). The
-    secret leaves this process's environment, so no training process inherits it."""
+    secret leaves this process's environment, and its value the environment block that
+    /proc/<pid>/environ shows (environ.py), so no process reads it from here."""
     secret = read_secret(plan.config)
     os.environ.pop("JOB_SECRET", None)
+    scrub_environ_block("JOB_SECRET")
     return Identity.derive(secret, plan.config.run_id) if secret is not None else None
 
 
@@ -150,7 +153,7 @@ def run_command(invocation: Invocation, env: dict[str, str], log: Log) -> int:
     if os.path.isfile(script):
         log.say(f"running the command {invocation.command[0]!r} ({invocation.program}), not {script}; to pass "
                 f"{invocation.command[0]!r} to the script, put -- before it", error=True)
-    os.execve(invocation.program, list(invocation.command), {**env, **extra})
+    os.execve(invocation.program, list(invocation.command), {**without_secret(env), **extra})
     return 0  # not reached
 
 
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (dry_run or plan.config.explain):
             check_script(plan)
         identity = job_identity(plan)
+        env = without_secret(env)           # every process started from here on
         redirected, storage = [], None
         if not (dry_run or plan.config.explain):
             plan, redirected = prepare_folders(plan, env, args)
@@ -195,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         log.say(preflight_summary(plan))
     for warning in plan.warnings:
         log.say(f"WARNING: {warning}")
+    if plan.config.has_secret and init_holds_secret():
+        log.say("WARNING: JOB_SECRET stays readable in /proc/1/environ (the container's init, started with it) by "
+                "every process of its user; give it as JOB_SECRET_FILE (a mounted secret: compose/secret.yml, "
+                "the Kubernetes manifests) instead")
     if plan.mode == "direct":       # one rank of an outer launcher: the script takes this process's place
         try:
             if storage:             # each rank in turn (a lock): the first fetches, the others find it cached
@@ -202,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, StorageError) as exc:
             log.say(str(exc), error=True)
             return EXIT_BAD_INPUT if isinstance(exc, ConfigError) else 1
+        if plan.config.has_secret and plan.direct.rank == 0:
+            log.say(f"control plane: {control_plane(plan)}")
         return plan.launcher.runner(plan, JoinedJob(assumed_placement(plan)), env, log, None).run()
     started = time.monotonic()
     try:
         if storage:
             storage.before_ranks(log.say)
-        outcome = run_node(plan, {k: v for k, v in env.items() if k != "JOB_SECRET"}, log, identity, storage)
+        outcome = run_node(plan, env, log, identity, storage)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT

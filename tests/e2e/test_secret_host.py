@@ -323,3 +323,48 @@ def test_a_stranger_holding_hundreds_of_connections_keeps_no_node_out(jobs, tmp_
     assert any("127.0.0.10 " in line and "left after taking the certificate" in line for line in said), said
     counted = sum(int(n) for line in refusals for n in re.findall(r"(?:and |refused )(\d+) more", line))
     assert counted + len(refusals) >= 400, said
+
+
+PROBE_PATHS = {"torchrun": (2, dict(FRAMEWORK="pytorch")),
+               "horovod": (2, dict(FRAMEWORK="pytorch", LAUNCHER="horovod")),
+               "tensorflow": (2, dict(FRAMEWORK="tensorflow")),
+               "mpi": (1, dict(FRAMEWORK="pytorch", LAUNCHER="mpi", NPROC_PER_NODE=2))}
+
+
+@pytest.mark.parametrize("path", PROBE_PATHS)
+def test_no_training_process_reads_the_secret(jobs, path):
+    """Neither a rank's environment nor the entrypoint's /proc environ (which os.environ.pop
+    leaves as it was) holds JOB_SECRET's value."""
+    nodes, env = PROBE_PATHS[path]
+    codes, output = jobs.run(nodes, [], RUN_ID="probed", JOB_SECRET=SECRET, PROBE_REVERSED=SECRET[::-1],
+                             ENTRYPOINT=str(ROOT / "tests/e2e/secret_probe.py"), **env)
+    assert codes == [0] * nodes, output[-3000:]
+    probes = re.findall(r"PROBE rank=(\d+) found=(\S+)", output)
+    assert sorted(rank for rank, _ in probes) == ["0", "1"] and {found for _, found in probes} == {"nothing"}, probes
+
+
+def test_no_secret_in_a_program_after_the_image_or_a_rank_mpirun_started(tmp_path):
+    """A program given after the image, and ranks an outer mpirun started (direct mode), get
+    no JOB_SECRET; rank 0 says what the secret does not cover there."""
+    import subprocess
+
+    from testing.processes import child_env, entrypoint
+
+    env = child_env(JOB_SECRET=SECRET, PROBE_REVERSED=SECRET[::-1], RUN_ID="probed")
+    probe = str(ROOT / "tests/e2e/secret_probe.py")
+    after = subprocess.run(entrypoint(sys_python(), probe), env=env, cwd=str(ROOT), capture_output=True,
+                           text=True, timeout=120)
+    assert after.returncode == 0 and "PROBE rank=0 found=nothing" in after.stdout, after.stdout + after.stderr
+    direct = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "JOB_SECRET",
+                             "-x", "PROBE_REVERSED", "-x", "RUN_ID", "-x", "ENTRYPOINT", "-x", "MASTER_ADDR",
+                             *entrypoint()], env={**env, "ENTRYPOINT": probe, "MASTER_ADDR": "127.0.0.1"},
+                            cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    output = direct.stdout + direct.stderr
+    assert direct.returncode == 0, output[-3000:]
+    assert sorted(re.findall(r"PROBE rank=(\d+) found=nothing", output)) == ["0", "1"], output[-3000:]
+    assert output.count("JOB_SECRET unused: a rank that mpirun started") == 1, output[-3000:]
+
+
+def sys_python() -> str:
+    import sys
+    return sys.executable
