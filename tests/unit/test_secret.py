@@ -526,12 +526,13 @@ def test_a_tunnel_carries_only_its_own_users_connections(gate):
         good.stop()
 
 
-def test_the_owner_of_a_loopback_socket_is_read_from_the_kernels_table():
-    from entrypoint.security.local_peer import socket_owner
+def test_the_owner_of_a_loopback_socket_is_the_kernels_answer_by_netlink_and_by_its_table():
+    from entrypoint.security.local_peer import _diag_owner, _table_owner, socket_owner
 
     server = socket.create_server(("127.0.0.1", 0))
     with server, socket.create_connection(server.getsockname()) as client:
         accepted, _ = server.accept()
         with accepted:
-            assert socket_owner(client.getsockname(), server.getsockname()) == os.getuid()
+            ends = client.getsockname(), server.getsockname()
+            assert socket_owner(*ends) == _diag_owner(*ends) == _table_owner(*ends) == os.getuid()
             assert socket_owner(("127.0.0.1", 1), server.getsockname()) is None
