@@ -95,8 +95,7 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]
         lines.append(f"  rendezvous:  job store {r.endpoint}; this node serves: {', '.join(serves) or 'nothing'}; "
                      f"address exchange: {'yes' if r.exchange else 'no'}; timeout {r.timeout}s")
-        lines.append(f"  control:     {control_plane(plan)}")
-    elif plan.direct and c.has_secret:
+    if plan.rendezvous or (plan.direct and c.has_secret):
         lines.append(f"  control:     {control_plane(plan)}")
     for source, value in sorted(c.sources.items()):
         lines.append(f"  from scheduler: {source} <- {value}")

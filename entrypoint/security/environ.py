@@ -28,10 +28,10 @@ def without_secret(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in SECRET_VARIABLES}
 
 
-def _environ_block(pid: str = "self") -> tuple[int, int]:
-    """Where the initial environment block lies in the process's memory (env_start and
-    env_end, fields 50 and 51 of /proc/<pid>/stat, counted after the command's name)."""
-    with open(f"/proc/{pid}/stat") as stat:
+def _environ_block() -> tuple[int, int]:
+    """Where this process's initial environment block lies in its memory (env_start and
+    env_end, fields 50 and 51 of /proc/self/stat, counted after the command's name)."""
+    with open("/proc/self/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return int(fields[50 - 3]), int(fields[51 - 3])
 

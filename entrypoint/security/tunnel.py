@@ -46,6 +46,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
@@ -85,28 +86,44 @@ def _loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
-class LoopErrors:
+class QuietLines:
+    """One line per key, then at most one per `quiet_s` for it: a line that comes sooner is
+    held and counted, and told with the next one for its key (or by `flush`)."""
+
+    def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
+        self.say, self.quiet_s = say, quiet_s
+        self._last: dict = {}
+        self._held: dict = {}
+
+    def line(self, key, text: str, now: float | None = None) -> None:
+        """`text`, or held; a line after held ones ends with their count."""
+        now = time.monotonic() if now is None else now
+        last = self._last.get(key)
+        if last is not None and now - last < self.quiet_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        held = self._held.pop(key, 0)
+        self._last[key] = now
+        self.say(text + (f" (and {held} more like it since the last line)" if held else ""))
+
+    def flush(self, told: Callable[[object, int], str], now: float | None = None) -> None:
+        """The counts held for `quiet_s` or longer, each as `told(key, count)`."""
+        now = time.monotonic() if now is None else now
+        for key in [k for k in self._held if now - self._last[k] >= self.quiet_s]:
+            self._last[key] = now
+            self.say(told(key, self._held.pop(key)))
+
+
+class LoopErrors(QuietLines):
     """The relay loop's exception handler: one line per kind of error a minute, with how
     many there were since the last (asyncio's default prints a traceback for each: 10,000
     in 12 s when a stranger's connections use up the descriptors)."""
 
-    def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
-        self.say, self.quiet_s = say, quiet_s
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
     def __call__(self, loop, context: dict) -> None:
         exc = context.get("exception")
         kind = type(exc).__name__ if exc is not None else "error"
-        what = f"{context.get('message', 'error')}: {kind}{f' ({exc})' if exc else ''}"
-        now = time.monotonic()
-        last = self._last.get(kind)
-        if last is not None and now - last < self.quiet_s:
-            self._held[kind] = self._held.get(kind, 0) + 1
-            return
-        held = self._held.pop(kind, 0)
-        self._last[kind] = now
-        self.say(f"the control plane's relay: {what}" + (f" (and {held} more since the last line)" if held else ""))
+        self.line(kind, f"the control plane's relay: {context.get('message', 'error')}: {kind}"
+                        f"{f' ({exc})' if exc else ''}")
 
 
 def report_loop_errors(say: Callable[[str], None]) -> None:
@@ -216,36 +233,20 @@ def too_many_waiting(limit: int, per_address: bool) -> str:
     return f"{limit} connections {where} already wait for their handshake"
 
 
-class Refusals:
+class Refusals(QuietLines):
     """One line per refused address and reason, then at most one per REFUSAL_QUIET_S with
     the count; `flush()` says the counts held longer than that, even without a new refusal."""
 
-    def __init__(self, say: Callable[[str], None], quiet_s: float = REFUSAL_QUIET_S):
-        self.say, self.quiet_s = say, quiet_s
-        self._last: dict[tuple, float] = {}
-        self._held: dict[tuple, int] = {}
-        self.count = 0
+    count = 0
 
     def refused(self, addr: str, why: str, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
         self.count += 1
-        key = (addr, why.split(" (")[0])
-        last = self._last.get(key)
-        if last is not None and now - last < self.quiet_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            return
-        held = self._held.pop(key, 0)
-        more = f" (and {held} more like it since the last line)" if held else ""
-        self._last[key] = now
-        self.say(f"refused a connection from {addr} to the job's control plane: {why}{more}")
+        self.line((addr, why.split(" (")[0]),
+                  f"refused a connection from {addr} to the job's control plane: {why}", now)
 
     def flush(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        for key in [k for k in self._held if now - self._last[k] >= self.quiet_s]:
-            held = self._held.pop(key)
-            self._last[key] = now
-            self.say(f"refused {held} more connection(s) from {key[0]} to the job's control plane since the last "
-                     f"line: {key[1]}")
+        super().flush(lambda key, held: f"refused {held} more connection(s) from {key[0]} to the job's control "
+                                        f"plane since the last line: {key[1]}", now)
 
 
 class _Listening:
@@ -294,7 +295,7 @@ class Gate(_Listening):
         self.port, self.backend_port, self.context, self.host = port, backend_port, context, host
         self.refusals = Refusals(say, quiet_s)
         self._routes: dict[str, int] = {}
-        self._waiting: dict[str, int] = {}       # connections per address waiting for their handshake
+        self._waiting: Counter[str] = Counter()    # connections per address waiting for their handshake
         self.max_waiting = max(MAX_WAITING_PER_ADDRESS, raise_descriptor_limit() // 4)
         context.sni_callback = _note_server_name
         report_loop_errors(say)
@@ -350,9 +351,9 @@ class Gate(_Listening):
 
     def _admit(self, addr: str) -> str | None:
         """Why a new connection from `addr` may not wait for a handshake now; None: it may."""
-        if self._waiting.get(addr, 0) >= MAX_WAITING_PER_ADDRESS:
+        if self._waiting[addr] >= MAX_WAITING_PER_ADDRESS:
             return too_many_waiting(MAX_WAITING_PER_ADDRESS, per_address=True)
-        if sum(self._waiting.values()) >= self.max_waiting:
+        if self._waiting.total() >= self.max_waiting:
             return too_many_waiting(self.max_waiting, per_address=False)
         return None
 
@@ -363,13 +364,12 @@ class Gate(_Listening):
             transport.abort()
             self.refusals.refused(addr, full)
             return
-        self._waiting[addr] = self._waiting.get(addr, 0) + 1
+        self._waiting[addr] += 1
         try:
             done = await self._handshake(transport, addr)
         finally:
-            if (left := self._waiting[addr] - 1) > 0:
-                self._waiting[addr] = left
-            else:
+            self._waiting[addr] -= 1
+            if not self._waiting[addr]:
                 del self._waiting[addr]
         if done is None:
             return
@@ -480,8 +480,8 @@ class Tunnel(_Listening):
 
     async def _admit(self, reader, writer) -> None:
         """Only a socket of this process's uid is carried with the job's identity
-        (local_peer.py); another user's is closed. One the table does not show (a kernel
-        without /proc/net/tcp) is carried: docs/security.md says so."""
+        (local_peer.py); another user's is closed. One whose owner the kernel does not tell
+        (neither netlink nor /proc/net/tcp) is carried: docs/security.md says so."""
         peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
         owner = socket_owner(peer[:2], local[:2]) if peer and local else None
         if owner is not None and owner != os.getuid():
