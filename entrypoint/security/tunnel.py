@@ -411,6 +411,12 @@ class Gate(_Listening):
             self.refusals.refused(addr, refusal_reason(exc))
             transport.abort()
             return None
+        if tls is None:
+            # Closed cleanly while its handshake ran: asyncio (3.11.2, the image's) then
+            # hands back no transport. A port probe (compose's health check connects and
+            # closes), not logged.
+            transport.abort()
+            return None
         if not pinned(tls.get_extra_info("ssl_object"), self.context):
             self.refusals.refused(addr, NOT_PINNED)
             tls.abort()

@@ -14,11 +14,14 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from testcontainers.core.container import DockerContainer
 
 from tests.conftest import ROOT
+from testing.census import container_listeners, described
 from testing.results import changes, initial_loss, results
 from tests.e2e.docker_env import IMAGE, ComposeProject, Swarm, SwarmStack, compose_command, docker
 
@@ -184,6 +187,23 @@ def test_docker_stop_checkpoints_within_the_grace_period_and_a_restart_resumes(i
         docker("rm", "-f", name, check=False)
 
 
+# What each container of a two-node job with a secret listens on where other hosts reach
+# it while training, as docs/security.md lists it: the master's Gates (on every interface),
+# and under torchrun the Gloo listener of each rank, on its container's address (NET_IFNAME's,
+# eth0 here); Horovod's Gloo listens only while its ranks connect.
+REACHABLE_IN_CONTAINERS = {
+    "native": Counter({"Gate on MASTER_PORT": 1, "rank, its node's address": 2}),
+    "horovod": Counter({"Gate on MASTER_PORT": 1, "Gate on HOROVOD_PORT": 1})}
+
+
+def container_census(job: ComposeProject) -> Counter:
+    """What listens in the project's containers (master first), other than on loopback."""
+    ids = [row["ID"] for row in job.containers()]
+    addrs = [docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", cid).stdout.strip()
+             for cid in ids]
+    return described(container_listeners(ids), addrs, {29500: "MASTER_PORT", 29501: "HOROVOD_PORT"})
+
+
 # (framework, launcher, with compose/secret.yml): the PyTorch paths run behind JOB_SECRET.
 PATHS = [("pytorch", "native", True), ("pytorch", "horovod", True), ("tensorflow", "native", False),
          ("keras", "horovod", False)]
@@ -198,14 +218,21 @@ def test_compose_two_nodes_train_agree_and_resume(image, project, tmp_path, fram
         path.write_text(uuid.uuid4().hex + "\n")
         path.chmod(0o444)                     # the image's user (uid 1000) reads the bind-mounted file
         overrides, env = ("secret.yml",), {"JOB_SECRET_PATH": str(path)}
-    job = project(*overrides, FRAMEWORK=framework, LAUNCHER=launcher, TRAIN_ARGS="--steps 40", **env)
-    run = job.compose("up", "--abort-on-container-exit", timeout=600)
+    train_args = "--steps 40" + " --step-delay 0.2" * secret           # time for a census
+    job = project(*overrides, FRAMEWORK=framework, LAUNCHER=launcher, TRAIN_ARGS=train_args, **env)
+    with ThreadPoolExecutor(1) as pool:
+        up = pool.submit(job.compose, "up", "--abort-on-container-exit", timeout=600)
+        if secret:              # while it trains: what other hosts can reach, and nothing else
+            job.wait_for_log("step 20 loss", 300, service="master")
+            assert container_census(job) == REACHABLE_IN_CONTAINERS[launcher]
+        run = up.result()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert set(job.exit_codes().values()) == {0}, job.exit_codes()
     assert_replicas_agree(job.logs(), 2)
     master = job.compose("logs", "--no-color", "master").stdout
     assert ("serving the job store at master:29500 (TLS, JOB_SECRET)" in master) == secret, master[:2000]
     assert ("WARNING: no JOB_SECRET" in master) != secret
+    assert "the control plane's relay" not in master, master[-3000:]     # the health check's probes pass unsaid
 
     again = job.compose("up", "--abort-on-container-exit", timeout=600, TRAIN_ARGS="--steps 60")
     assert again.returncode == 0, again.stdout[-3000:]

@@ -13,6 +13,7 @@ import datetime as dt
 import pickle
 import re
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from entrypoint.running.outcome import Outcome
 from entrypoint.store.transport import job_prefix
 from tests.conftest import ROOT
+from testing.census import described, reachable
 from testing.cluster import Node, wait_for, wait_for_any
 from testing.results import changes, check_trained, results
 
@@ -61,11 +63,24 @@ def plant(store, run_id: str, planted: str) -> None:
     store.set(f"torch.rendezvous.{run_id}", base64.b64encode(pickle.dumps(Planted(planted))))
 
 
-def listening_everywhere(nodes: list[Node]) -> set[int]:
-    """Ports that the nodes' processes listen on, on every interface."""
-    pids = {p.pid for node in nodes for p in node.tree()}
-    return {c.laddr.port for c in psutil.net_connections(kind="tcp")
-            if c.pid in pids and c.status == psutil.CONN_LISTEN and c.laddr.ip in ("0.0.0.0", "::")}
+# No node on 127.0.0.1, where each node's private ports are: what the census finds on any
+# other address, another host could reach (testing/census.py).
+NODE_ADDRS = ["127.0.0.11", "127.0.0.12"]
+
+
+def census(job: list[Node]) -> Counter:
+    """What other hosts can reach while the job runs, counted by what it is."""
+    master = job[0].env
+    gates = {int(master["MASTER_PORT"]): "MASTER_PORT", int(master["HOROVOD_PORT"]): "HOROVOD_PORT"}
+    return described(reachable(job), [node.env["NODE_ADDR"] for node in job], gates)
+
+
+def reachable_as_documented(*gates: str, ranks_everywhere: int = 0) -> Counter:
+    """docs/security.md's list for a launcher: the master's Gates, and what each rank opens
+    on every interface (elastic Horovod's notification service, TensorFlow's gRPC server).
+    Gloo's pair listeners bind NET_IFNAME's address, 127.0.0.1 on loopback, so they show only
+    in containers (test_containers.py counts them there)."""
+    return Counter({f"Gate on {gate}": 1 for gate in gates}) + Counter({"rank, every interface": ranks_everywhere})
 
 
 def start_two(jobs, tmp, **env) -> list[Node]:
@@ -76,11 +91,11 @@ def test_a_job_with_a_secret_trains_while_strangers_and_other_secrets_are_refuse
     """The job's nodes read the secret from a file (a mounted secret), the intruders get theirs as JOB_SECRET."""
     secret_file = tmp_path / "job_secret"
     secret_file.write_text(SECRET + "\n")
-    job = start_two(jobs, tmp_path, JOB_SECRET_FILE=str(secret_file))
+    job = start_two(jobs, tmp_path, JOB_SECRET_FILE=str(secret_file), addrs=NODE_ADDRS)
     master, worker = job
     wait_for(master, "TRAINING rank=0", 120)
     port = int(master.env["MASTER_PORT"])
-    assert listening_everywhere(job) == {port}, "something besides the Gate listens on every interface"
+    assert census(job) == reachable_as_documented("MASTER_PORT")
     # Another secret; this job's secret under another RUN_ID (another job given the same
     # Kubernetes Secret); no secret.
     intruders = [jobs.track(Node({**worker.env, "JOB_SECRET_FILE": "", "JOB_SECRET": secret, "NODE_ADDR": "127.0.0.9",
@@ -138,14 +153,12 @@ def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rende
     import urllib.request
 
     job = jobs.start(2, ["--steps", "40", "--step-delay", "0.1"], FRAMEWORK="pytorch", LAUNCHER="horovod",
-                     JOB_SECRET=SECRET, **HOROVOD_JOBS[kind])
+                     JOB_SECRET=SECRET, addrs=NODE_ADDRS, **HOROVOD_JOBS[kind])
     master = job[0]
     wait_for(master, "TRAINING rank=0", 120)
-    ports = {int(master.env["MASTER_PORT"]), int(master.env["HOROVOD_PORT"])}
-    everywhere = listening_everywhere(job)
-    assert ports <= everywhere
-    # Elastic: also each rank's notification service, which Horovod's driver calls (HMAC-checked).
-    assert len(everywhere - ports) == (2 if kind == "elastic" else 0), everywhere
+    # Elastic: also each rank's notification service, which Horovod's driver calls.
+    assert census(job) == reachable_as_documented("MASTER_PORT", "HOROVOD_PORT",
+                                                  ranks_everywhere=2 if kind == "elastic" else 0)
     planted = tmp_path / "planted"
     request = urllib.request.Request(f"http://127.0.0.1:{master.env['HOROVOD_PORT']}/global/rank_0",
                                      data=pickle.dumps(Planted(str(planted))), method="PUT")
@@ -204,15 +217,15 @@ def test_elastic_torchrun_behind_a_secret_goes_on_through_its_rounds_with_only_t
     """A node joins (round 2, world 3), then a worker is killed (round 3, world 2): each round's
     workers meet in a store of their own behind the master's Gate, so at every point the only
     port open on every interface is MASTER_PORT's, and the job trains to the end."""
-    job = jobs.start(2, ["--steps", "600", "--step-delay", "0.05", "--checkpoint-every", "1000"], **ELASTIC)
+    job = jobs.start(2, ["--steps", "600", "--step-delay", "0.05", "--checkpoint-every", "1000"], addrs=NODE_ADDRS,
+                     **ELASTIC)
     master, worker = job
     wait_for_any(job, "step 40 loss", 180)
-    port = int(master.env["MASTER_PORT"])
-    assert listening_everywhere(job) == {port}, "something besides the Gate listens on every interface"
+    assert census(job) == reachable_as_documented("MASTER_PORT")
     jobs.add_node(job)
     wait_for(master, "world size 2 -> 3", 120)
     wait_for_any(job, "ROUND rank=0 world=3", 60)
-    assert listening_everywhere(job) == {port}
+    assert census(job) == reachable_as_documented("MASTER_PORT")
     worker.kill_tree()
     wait_for(master, "world size 3 -> 2", 120)
     codes = [node.wait(240) for node in (master, job[2])]
@@ -231,15 +244,24 @@ TRAINED_BEHIND_A_SECRET = {"tensorflow-native": dict(FRAMEWORK="tensorflow"),
                            "keras-horovod": dict(FRAMEWORK="keras", LAUNCHER="horovod"),
                            "keras-horovod-elastic": dict(FRAMEWORK="keras", LAUNCHER="horovod", MIN_NODES=2,
                                                          MAX_NODES=2)}
+# TensorFlow's tasks each serve gRPC (every interface); elastic Horovod's ranks each a
+# notification service.
+REACHABLE_BEHIND_A_SECRET = {"tensorflow-native": reachable_as_documented("MASTER_PORT", ranks_everywhere=2),
+                             "keras-horovod": reachable_as_documented("MASTER_PORT", "HOROVOD_PORT"),
+                             "keras-horovod-elastic": reachable_as_documented("MASTER_PORT", "HOROVOD_PORT",
+                                                                              ranks_everywhere=2)}
 
 
 @pytest.mark.parametrize("path", TRAINED_BEHIND_A_SECRET)
-def test_every_launcher_trains_behind_a_secret(jobs, path):
-    codes, output = jobs.run(2, ["--steps", "40"], JOB_SECRET=SECRET, **TRAINED_BEHIND_A_SECRET[path])
+def test_every_launcher_trains_behind_a_secret_and_opens_only_what_the_docs_list(jobs, path):
+    job = jobs.start(2, ["--steps", "60", "--step-delay", "0.1"], JOB_SECRET=SECRET, addrs=NODE_ADDRS,
+                     **TRAINED_BEHIND_A_SECRET[path])
+    wait_for_any(job, "step 20 loss", 180)
+    assert census(job) == REACHABLE_BEHIND_A_SECRET[path]
+    codes = [node.wait(240) for node in job]
+    output = "\n".join(node.output for node in job)
     assert codes == [0, 0], output[-4000:]
     check_trained(output, 2)
-    assert "serving the job store at 127.0.0.1:" in output and "(TLS, JOB_SECRET)" in output
-    assert SECRET not in output
 
 
 @pytest.mark.parametrize("secret", ["plain", "secret", "elastic-secret"])
@@ -368,3 +390,38 @@ def test_no_secret_in_a_program_after_the_image_or_a_rank_mpirun_started(tmp_pat
 def sys_python() -> str:
     import sys
     return sys.executable
+
+
+def test_an_oversized_length_to_a_ranks_notification_service_leaves_its_memory_flat(jobs):
+    """Elastic Horovod's driver calls each rank's notification service, a port open on
+    every interface that checks Horovod's HMAC only after reading the body whose length the
+    peer announced. A stranger announces 2 GiB and sends 256 MiB: with patch 0009 the rank
+    reads nothing past the length and closes; unpatched it would hold every byte sent."""
+    import socket
+    import struct
+
+    from testing.census import reachable
+
+    job = jobs.start(2, STEPS, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET, MIN_NODES=2, MAX_NODES=2,
+                     addrs=NODE_ADDRS)
+    wait_for_any(job, "step 20 loss", 120)
+    services = [found for found in reachable(job) if found.node == 1 and not found.entrypoint and found.everywhere]
+    assert len(services) == 1, reachable(job)
+    rank = psutil.Process(services[0].pid)
+    before, sent, chunk = rank.memory_info().rss, 0, bytes(2**20)
+    with socket.create_connection(("127.0.0.1", services[0].port), timeout=10) as conn:
+        try:
+            conn.sendall(bytes(32) + struct.pack("i", 2**31 - 1))     # a digest, then the length
+            while sent < 256 * 2**20:
+                conn.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        time.sleep(1.0)
+        grown = rank.memory_info().rss - before
+    print(f"notification service: {sent / 2**20:.0f} MiB sent after a 2 GiB length, the rank's RSS "
+          f"{grown / 2**20:+.1f} MiB")
+    assert sent < 256 * 2**20, "the rank read all 256 MiB of a body it should have refused at its length"
+    assert grown < 32 * 2**20, (sent, grown)
+    codes = [node.wait(120) for node in job]
+    assert codes == [0, 0], "\n".join(node.output for node in job)[-4000:]
