@@ -36,7 +36,7 @@ from .running.log import Log
 from .running.outcome import Outcome
 from .running.signals import Signals
 from .security.environ import init_holds_secret, scrub_environ_block, without_secret
-from .security.secret import Identity, read_secret
+from .security.secret import Deriving, read_secret
 from .storage.client import StorageError
 from .storage.node import NodeStorage
 
@@ -70,14 +70,15 @@ def check_script(plan: NodePlan) -> None:
         raise ConfigError(f"ENTRYPOINT={path!r}: not a .py file and not executable")
 
 
-def job_identity(plan: NodePlan) -> Identity | None:
-    """The job's TLS identity from JOB_SECRET or JOB_SECRET_FILE (None: no secret). The
-    secret leaves this process's environment, and its value the environment block that
-    /proc/<pid>/environ shows (environ.py), so no process reads it from here."""
+def job_identity(plan: NodePlan) -> Deriving | None:
+    """The job's TLS identity from JOB_SECRET or JOB_SECRET_FILE (None: no secret), derived
+    on a thread while the node starts (secret.Deriving). The secret leaves this process's
+    environment, and its value the environment block that /proc/<pid>/environ shows
+    (environ.py), so no process reads it from here."""
     secret = read_secret(plan.config)
     os.environ.pop("JOB_SECRET", None)
     scrub_environ_block("JOB_SECRET")
-    return Identity.derive(secret, plan.config.run_id) if secret is not None else None
+    return Deriving(secret, plan.config.run_id) if secret is not None else None
 
 
 def prepare_folders(plan: NodePlan, env: dict[str, str], args: list[str]) -> tuple[NodePlan, list[str]]:
@@ -95,7 +96,7 @@ def prepare_folders(plan: NodePlan, env: dict[str, str], args: list[str]) -> tup
 
 # --------------------------------------------------------------------------- running
 
-def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None = None,
+def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Deriving | None = None,
              storage: NodeStorage | None = None) -> Outcome:
     """Join the job (or, locally, nothing to join), run this node's processes with the
     launcher's runner, and finish together with the other nodes. `identity`: the job's
@@ -106,7 +107,7 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity |
     return storage.finish(outcome, signals.received_at, log.say) if storage else outcome
 
 
-def _run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Identity | None,
+def _run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Deriving | None,
               storage: NodeStorage | None, signals: Signals) -> Outcome:
     job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals, identity)
     c = plan.config

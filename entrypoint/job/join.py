@@ -28,7 +28,7 @@ from ..machine import hardware
 from ..running.log import Log
 from ..running.outcome import Outcome
 from ..running.signals import Signals
-from ..security.secret import Identity
+from ..security.secret import Deriving
 from ..store.tcp import TcpJobStore
 from ..store.transport import JobStore, RendezvousError, StoreGone
 from .ends import Ends
@@ -80,7 +80,7 @@ class _Stopped(Exception):
 class Job:
     """This node's membership of a multi-node job."""
 
-    def __init__(self, plan, log: Log, signals: Signals, identity: Identity | None = None):
+    def __init__(self, plan, log: Log, signals: Signals, identity: Deriving | None = None):
         """`identity`: the job's secret (secret.py), or None for an open control plane."""
         c = plan.config
         self.plan, self.config, self.log, self.signals = plan, c, log, signals

@@ -25,6 +25,8 @@ import re
 import secrets
 import ssl
 import tempfile
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..contract.config import VARIABLES, Config, ConfigError, Secret
@@ -174,3 +176,30 @@ class Identity:
         finally:
             os.unlink(path)
         return ctx
+
+
+class Deriving:
+    """The job's Identity while a thread of its own derives it; used as one (its contexts
+    wait for the derivation). hashlib's scrypt releases the GIL, and a node's first use of
+    the contexts comes after it has imported torch (the job store's client, a second or
+    more), so the 0.15 s of scrypt run alongside that import instead of before it. An
+    error in the derivation is raised where the identity is first used."""
+
+    def __init__(self, secret: bytes, run_id: str = DEFAULT_RUN_ID):
+        self._identity: Future = Future()
+        threading.Thread(target=self._derive, args=(secret, run_id), name="derive-identity", daemon=True).start()
+
+    def _derive(self, secret: bytes, run_id: str) -> None:
+        try:
+            self._identity.set_result(Identity.derive(secret, run_id))
+        except BaseException as exc:           # handed to whoever waits for it
+            self._identity.set_exception(exc)
+
+    def identity(self) -> Identity:
+        return self._identity.result()
+
+    def server_context(self) -> ssl.SSLContext:
+        return self.identity().server_context()
+
+    def client_context(self) -> ssl.SSLContext:
+        return self.identity().client_context()

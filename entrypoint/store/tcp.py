@@ -87,7 +87,7 @@ class TcpJobStore(JobStore):
         one operation may wait for its reply before the store counts as gone (PEER_TIMEOUT).
         TCPStore's own timeout does not bound a client's reads (torch 2.13: against a frozen
         server, add/check/get/set block for good), so operations run on a thread of their
-        own and each is waited for at most op_timeout_s. `identity` (secret.Identity): the
+        own and each is waited for at most op_timeout_s. `identity` (secret.Identity or Deriving): the
         job's secret, for TLS; `say`: where the Gate reports refused peers."""
         self.host, self.port, self.serve = host, port, serve
         self.identity, self.say = identity, say

@@ -14,7 +14,7 @@ import pytest
 
 from entrypoint.contract.config import ConfigError
 from entrypoint.explain import control_plane
-from entrypoint.security.secret import Identity, SecretError, new_secret, read_secret, weakness
+from entrypoint.security.secret import Deriving, Identity, SecretError, new_secret, read_secret, weakness
 from entrypoint.security import tunnel
 from entrypoint.security.tunnel import (Answer, Gate, LoopErrors, Refusals, RequestTunnel, Tunnel, handshake,
                                          refusal_reason)
@@ -60,6 +60,17 @@ def test_what_generators_make_is_strong():
                    "correct horse battery staple, and then some more words"):
         assert weakness(strong.encode()) is None, strong
         assert read_secret(plan(JOB_SECRET=strong).config) == strong.encode()
+
+
+def test_an_identity_derived_on_a_thread_is_the_jobs_and_its_failure_reaches_its_first_user():
+    """The entrypoint derives the key while it imports torch (Deriving): the contexts it
+    hands out are the job's own, and a derivation that failed fails where it is used."""
+    pending = Deriving(SECRET, "job-d")
+    assert pending.identity() is Identity.derive(SECRET, "job-d")
+    assert pending.client_context().certificate == pending.server_context().certificate != b""
+    broken = Deriving("text, not bytes", "job-d")          # hashlib.scrypt takes bytes only
+    with pytest.raises(TypeError):
+        broken.server_context()
 
 
 def test_the_identity_is_a_leaf_of_its_own_job_only():
