@@ -310,7 +310,7 @@ class Job:
             if time.monotonic() > deadline:
                 raise RendezvousError(timeout_text())
             self.heartbeats.beat(node_rank)
-            time.sleep(0.2)
+            time.sleep(WAIT_INTERVAL_S)
 
     def _wait_for_nodes(self, node_rank: int, deadline: float) -> list[NodeInfo]:
         count, store = self.config.num_nodes, self.store
