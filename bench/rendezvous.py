@@ -60,7 +60,8 @@ def once(n: int, path_env: dict | None, timeout: float) -> dict | None:
     ready, imported = stamps(out, "READY"), stamps(out, "IMPORTED")
     if not (all(c == 0 for c in codes) and len(ready) == n and len(imported) == n):
         return None
-    return {"seconds": max(ready) - start, "join_seconds": max(ready) - max(imported), "wall": wall, "cpu": cpu}
+    return {"seconds": max(ready) - start, "join_seconds": max(ready) - max(imported),
+            "imported_seconds": max(imported) - start, "wall": wall, "cpu": cpu}
 
 
 def measure(sizes: list[int], repeats: int, timeout: float = 300) -> list[dict]:
@@ -96,7 +97,9 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
     """JOB_SECRET's cost at start-up: each path without and with the secret, one right after
     the other in every round (which goes first swaps every round), and the ratio secret/plain
     of the time until every rank is in within each round: its median and interquartile range;
-    and the medians of the whole job's wall time (to the last node's exit) both ways."""
+    and the medians both ways of the whole job's wall time (to the last node's exit), of the
+    time to the last rank's imports (the nodes' own start: the entrypoint, joining, the
+    launch), of the ranks' own rendezvous after that, and of the CPU-seconds of every process."""
     rows = []
     for n in sizes:
         for name in paths:
@@ -116,7 +119,9 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
             rows.append({"path": name, "nodes": n, "ratio": q2, "q1": q1, "q3": q3, "rounds": len(ratios),
                          "failures": failures,
                          **{f"{which}{suffix}": median([run[key] for run in runs[which]])
-                            for which in runs for key, suffix in (("seconds", ""), ("wall", "_wall"))}})
+                            for which in runs for key, suffix in (("seconds", ""), ("wall", "_wall"),
+                                                                  ("imported_seconds", "_imported"),
+                                                                  ("join_seconds", "_join"), ("cpu", "_cpu"))}})
     return rows
 
 
