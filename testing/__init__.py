@@ -4,6 +4,7 @@
     processes.py  a job's process environment on this machine; running commands with a time limit
     cluster.py    the nodes of one job on loopback (127.0.0.k), tracked and stopped together
     results.py    the RESULT lines the bundled examples print, and what "trained" means
+    census.py     what a job's processes listen on, and where other hosts reach it
 
 Both tests/ and bench/ import it; it imports neither.
 """

@@ -186,7 +186,7 @@ class Deriving:
     """The job's Identity while a thread of its own derives it; used as one (its contexts
     wait for the derivation). hashlib's scrypt releases the GIL, and a node's first use of
     the contexts comes after it has imported torch (the job store's client, a second or
-    more), so the 0.15 s of scrypt run alongside that import instead of before it. An
+    more), so the scrypt runs alongside that import instead of before it. An
     error in the derivation is raised where the identity is first used."""
 
     def __init__(self, secret: bytes, run_id: str = DEFAULT_RUN_ID):
