@@ -21,7 +21,7 @@ import pytest
 from entrypoint.running.outcome import Outcome
 from entrypoint.store.transport import job_prefix
 from tests.conftest import ROOT
-from testing.census import described, reachable
+from testing.census import described, listeners, reachable
 from testing.cluster import Node, wait_for, wait_for_any
 from testing.results import changes, check_trained, results
 
@@ -72,7 +72,7 @@ def census(job: list[Node]) -> Counter:
     """What other hosts can reach while the job runs, counted by what it is."""
     master = job[0].env
     gates = {int(master["MASTER_PORT"]): "MASTER_PORT", int(master["HOROVOD_PORT"]): "HOROVOD_PORT"}
-    return described(reachable(job), [node.env["NODE_ADDR"] for node in job], gates)
+    return described(listeners(job), [node.env["NODE_ADDR"] for node in job], gates)
 
 
 def reachable_as_documented(*gates: str, ranks_everywhere: int = 0) -> Counter:
@@ -262,6 +262,8 @@ def test_every_launcher_trains_behind_a_secret_and_opens_only_what_the_docs_list
     output = "\n".join(node.output for node in job)
     assert codes == [0, 0], output[-4000:]
     check_trained(output, 2)
+    assert f"serving the job store at {NODE_ADDRS[0]}:" in output and "(TLS, JOB_SECRET)" in output
+    assert SECRET not in output
 
 
 @pytest.mark.parametrize("secret", ["plain", "secret", "elastic-secret"])
@@ -399,8 +401,6 @@ def test_an_oversized_length_to_a_ranks_notification_service_leaves_its_memory_f
     reads nothing past the length and closes; unpatched it would hold every byte sent."""
     import socket
     import struct
-
-    from testing.census import reachable
 
     job = jobs.start(2, STEPS, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET, MIN_NODES=2, MAX_NODES=2,
                      addrs=NODE_ADDRS)
