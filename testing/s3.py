@@ -118,11 +118,12 @@ class SeaweedS3:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": who[0], "AWS_SECRET_ACCESS_KEY": who[1],
                 "AWS_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def client(self, who: tuple[str, str] = ADMIN):
+    def client(self, who: tuple[str, str] = ADMIN, endpoint: str | None = None):
+        """boto3's client for this server as `who`, or through a proxy at `endpoint`."""
         import boto3
         from botocore.config import Config
         return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id=who[0], aws_secret_access_key=who[1],
+            "s3", endpoint_url=endpoint or self.endpoint, aws_access_key_id=who[0], aws_secret_access_key=who[1],
             region_name=REGION, config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
                                               connect_timeout=2, read_timeout=30))
 
@@ -158,6 +159,8 @@ class CountingProxy:
         self.upstream_port = upstream.port
         self.put_rate = put_rate
         self.counts: Counter = Counter()
+        self.most_at_once: Counter = Counter()          # path -> the most requests for it in flight at once
+        self._now: Counter = Counter()
         self._lock = threading.Lock()
         self._budget_at = time.monotonic()
         proxy = self
@@ -169,11 +172,20 @@ class CountingProxy:
                 pass
 
             def _forward(self):
-                import http.client
                 length = int(self.headers.get("Content-Length") or 0)
                 path = self.path.split("?", 1)[0]
                 with proxy._lock:                     # counted as it arrives, before its body
                     proxy.counts[(self.command, path)] += 1
+                    proxy._now[path] += 1
+                    proxy.most_at_once[path] = max(proxy.most_at_once[path], proxy._now[path])
+                try:
+                    self._relay(length)
+                finally:
+                    with proxy._lock:
+                        proxy._now[path] -= 1
+
+            def _relay(self, length: int):
+                import http.client
                 body = proxy._read_body(self.rfile, length)
                 up = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=120)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}

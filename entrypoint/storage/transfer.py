@@ -15,7 +15,9 @@ from ..contract.urls import BucketUrl
 
 CONCURRENCY = 64
 PART = 16 * 2**20            # multipart threshold and part size
+STREAMS_PER_FILE = 5         # parts of one file in flight at once (s5cmd's default too)
 CHUNK = 2**20                # a part's bytes are written as they come, this much at a time
+WRITE_SLICE = 256 * 1024     # one pwrite's most: the file's lock is held this long at a time
 EVERY_S = 5.0                # at most one progress line this often
 
 
@@ -123,8 +125,12 @@ def lower_priority(nice: int) -> None:
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """All of `data` at `offset`, WRITE_SLICE at a time. A buffered write holds the file's
+    inode lock for its whole length, and every part of a file writes to the same inode:
+    with 1 MiB writes, threads queued behind each other (a 1 GiB object took 1.2-3.2 s
+    against s5cmd's 1.0 s, whose writes are small); 256 KiB writes took 1.13 s."""
     while data:
-        n = os.pwrite(fd, data, offset)
+        n = os.pwrite(fd, data[:WRITE_SLICE], offset)
         data, offset = data[n:], offset + n
 
 
@@ -140,6 +146,7 @@ class _Landing:
         self.key, self.path, self.size = key, path, size
         self.parts = [(s, min(s + part, size)) for s in range(0, size, part)] \
             if size is not None and size > part else [(None, None)]
+        self.unstarted = list(self.parts)
         self.left = len(self.parts)
         self.error: BaseException | None = None
         self.tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part-{os.getpid()}")
@@ -210,7 +217,10 @@ class Transfers:
         releases the GIL while Rust fetches): for 2,000 files of 256 KiB on 16 cores this
         took 0.47 s against 0.80 s for the same requests on one asyncio loop, whose own
         work per file was the limit. Each part is a task; a file is renamed into place
-        when its last part has landed."""
+        when its last part has landed. At most STREAMS_PER_FILE parts of one file are in
+        flight: its parts all write to one inode, whose lock they would queue on (64
+        streams into one 1 GiB file took 1.9-3.2 s here, 5 streams 1.1 s), while other
+        files' parts keep the pool busy."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
         for folder in {os.path.dirname(path) for _, path in items}:
@@ -218,12 +228,22 @@ class Transfers:
         sizes = sizes or {}
         files = [_Landing(key, path, sizes.get(key), self.part) for key, path in items]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="fetch") as pool:
-            pending = {pool.submit(self._fetch, f, start, end, progress, until): f
-                       for f in files for start, end in f.parts}
+            pending = {}
+
+            def submit(f: _Landing) -> None:
+                start, end = f.unstarted.pop(0)
+                pending[pool.submit(self._fetch, f, start, end, progress, until)] = f
+
+            for _ in range(STREAMS_PER_FILE):            # round-robin: every file's first parts first
+                for f in files:
+                    if f.unstarted:
+                        submit(f)
             while pending:
                 done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     f = pending.pop(future)
+                    if f.unstarted:
+                        submit(f)
                     if f.part_done(future.exception()) and progress and f.error is None:
                         progress.file_done()
                 if progress:

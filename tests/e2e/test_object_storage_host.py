@@ -57,6 +57,34 @@ def test_the_fast_listing_equals_boto3s_for_keys_of_every_shape(s3, bucket, monk
     assert len(fast) == 5 and all(k.startswith("set/") and etag for k, _, etag in fast)
 
 
+def test_large_objects_land_whole_from_parts_fetched_a_few_at_a_time_per_object(s3, bucket, tmp_path, monkeypatch):
+    """Objects larger than a part are fetched as ranges, at most STREAMS_PER_FILE of one
+    object in flight (its parts share one file's lock), several objects at once, and land
+    byte for byte under their names, no temporary file left."""
+    import hashlib
+
+    from entrypoint.storage.transfer import STREAMS_PER_FILE, Transfers
+
+    monkeypatch.setattr(os, "environ", {**os.environ, **s3.env()})
+    part = 256 * 1024
+    bodies = {f"big/{i}.bin": os.urandom(16 * part + 1000 * (i + 1)) for i in range(3)}
+    for key, body in bodies.items():
+        s3.put(bucket, key, body)
+    proxy = CountingProxy(s3)
+    try:
+        client = s3.client(endpoint=proxy.endpoint)
+        failed = Transfers(client, bucket, part=part).download(
+            [(key, str(tmp_path / key)) for key in bodies], sizes={k: len(b) for k, b in bodies.items()})
+        assert failed == []
+        for key, body in bodies.items():
+            assert hashlib.sha256((tmp_path / key).read_bytes()).digest() == hashlib.sha256(body).digest(), key
+            assert proxy.requests("GET", bucket, key) == {key: 17}
+            assert 2 <= proxy.most_at_once[f"/{bucket}/{key}"] <= STREAMS_PER_FILE, proxy.most_at_once
+        assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["0.bin", "1.bin", "2.bin"]
+    finally:
+        proxy.close()
+
+
 def test_two_nodes_checkpoint_to_the_bucket_and_fresh_nodes_resume_exactly(jobs, s3, bucket, tmp_path):
     """No shared folder: run 1 trains 20 steps and checkpoints to the bucket; run 2, on empty
     caches, resumes from the bucket and trains to 40; its parameters equal an uninterrupted
