@@ -3,6 +3,7 @@
     transport.py  the interface (get, set, add, compare-and-set, ...) and its errors
     tcp.py        its implementation: torch's TCPStore, served by the master (behind a TLS
                   Gate with JOB_SECRET), reached by every node
+    etcd.py       the same on an etcd v3 cluster outside the job (issue 36: not yet selectable)
 
 The keys themselves, and what they mean, live beside the code that uses them: job/
 (members, ends, heartbeats, rounds) and health/ (progress, hangs). A second backend
