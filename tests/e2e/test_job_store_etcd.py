@@ -78,7 +78,7 @@ def test_an_add_whose_reply_was_lost_is_not_applied_twice(etcd):
 
     store = EtcdJobStore(etcd.endpoints, "run", timeout_s=10, op_timeout_s=5)
     assert store.add("n", 5) == 5
-    real, lost = store._http.request, []
+    real, lost = store.etcd._http.request, []
 
     def reply_lost_once(method, url, **kw):
         reply = real(method, url, **kw)
@@ -87,7 +87,7 @@ def test_an_add_whose_reply_was_lost_is_not_applied_twice(etcd):
             raise urllib3.exceptions.ReadTimeoutError(None, url, "the reply was lost")
         return reply
 
-    store._http.request = reply_lost_once
+    store.etcd._http.request = reply_lost_once
     assert store.add("n", 2) == 7 and lost
     assert EtcdJobStore(etcd.endpoints, "run", 10, 5).add("n", 0) == 7
 

@@ -1,0 +1,143 @@
+"""A client of an etcd v3 cluster: keys and values as bytes, over etcd's own v3 JSON gateway.
+
+The gateway (`/v3/kv/range`, `/v3/kv/txn`, ...: etcd's gRPC API as JSON over HTTP, served
+on every member's client port since etcd 3.3) needs nothing but HTTP; urllib3 carries it,
+which the image already has (boto3 depends on it). etcd's v2 API, the one torch's etcd
+rendezvous needs, is off by default in 3.4 and gone in 3.6; python-etcd3, the gRPC
+client, was last released in 2020 and its generated code predates the protobuf that
+TensorFlow installs.
+
+Every member named is tried in turn: a member that does not answer (stopped, cut off, or
+out of the quorum) is left for the next, so losing one member of three is not noticed.
+A member that holds a request longer than STALL_S is left too: when the leader dies, a
+follower keeps a write it had forwarded to it for etcd's request timeout (6 s with the
+test cluster's timings) before it answers 503; another member takes it at once. Only
+when no member answers within the operation's timeout does the store count as gone
+(StoreGone). Two users sit on this: the job store (etcd.py) and torchrun's rendezvous
+(launchers/torchrun/etcd_rendezvous.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from .transport import StoreGone
+
+RETRY_S = 0.1                       # between two rounds over the members
+STALL_S = 1.0                       # a member that holds a request longer is left for the next
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+# Conditions of a transaction on one key (etcd's Compare), as the gateway spells them.
+def absent(key: bytes) -> dict:
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def unchanged_since(key: bytes, mod_revision: int) -> dict:
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+
+
+def holds(key: bytes, value: bytes) -> dict:
+    return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
+
+
+def put(key: bytes, value: bytes) -> dict:
+    return {"requestPut": {"key": b64(key), "value": b64(value)}}
+
+
+def get(key: bytes) -> dict:
+    return {"requestRange": {"key": b64(key)}}
+
+
+class Entry:
+    """A key's value and the revision that last changed it (etcd's KeyValue)."""
+
+    def __init__(self, kv: dict):
+        self.value = unb64(kv.get("value", ""))
+        self.mod_revision = int(kv["mod_revision"])
+
+
+class EtcdClient:
+    def __init__(self, endpoints: list[str], op_timeout_s: float):
+        """endpoints: each member's client URL (http://host:port); op_timeout_s: how long one
+        operation may go unanswered by every member before StoreGone."""
+        import urllib3
+
+        self.endpoints = list(endpoints)
+        self.endpoint = ",".join(self.endpoints)
+        self.op_timeout_s = op_timeout_s
+        self._at = 0                        # the member that answered last
+        self._http = urllib3.PoolManager(retries=False)
+
+    def post(self, path: str, body: dict, deadline: float | None = None) -> dict:
+        """One call, to the member that answered last, then each other in turn, until one
+        answers or `deadline` (default: the operation's timeout from now)."""
+        import urllib3
+
+        deadline = deadline if deadline is not None else time.monotonic() + self.op_timeout_s
+        last = "no attempt"
+        payload = json.dumps(body).encode()
+        while True:
+            for i in range(len(self.endpoints)):
+                at = (self._at + i) % len(self.endpoints)
+                wait = max(0.1, min(STALL_S, deadline - time.monotonic()))
+                try:
+                    reply = self._http.request("POST", self.endpoints[at] + path, body=payload,
+                                               headers={"Content-Type": "application/json"},
+                                               timeout=urllib3.Timeout(connect=min(1.0, wait), read=wait))
+                except urllib3.exceptions.HTTPError as exc:
+                    last = f"{self.endpoints[at]}: {type(exc).__name__}"
+                    continue
+                if reply.status == 200:
+                    self._at = at
+                    return json.loads(reply.data)
+                last = f"{self.endpoints[at]}: HTTP {reply.status} {reply.data[:200].decode(errors='replace')}"
+            if time.monotonic() >= deadline:
+                raise StoreGone(f"etcd at {self.endpoint} did not answer: {last}")
+            time.sleep(RETRY_S)
+
+    def range(self, key: bytes) -> Entry | None:
+        kvs = self.post("/v3/kv/range", {"key": b64(key)}).get("kvs") or []
+        return Entry(kvs[0]) if kvs else None
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.post("/v3/kv/put", {"key": b64(key), "value": b64(value)})
+
+    def delete(self, key: bytes) -> int:
+        """How many keys it deleted (0 or 1)."""
+        return int(self.post("/v3/kv/deleterange", {"key": b64(key)}).get("deleted", 0))
+
+    def count(self, prefix: bytes) -> int:
+        """How many keys start with `prefix`."""
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        return int(self.post("/v3/kv/range", {"key": b64(prefix), "range_end": b64(end),
+                                              "count_only": True}).get("count", 0))
+
+    def txn(self, compare: list[dict], success: list[dict], failure: list[dict]) -> tuple[bool, int, list[dict]]:
+        """(whether every comparison held, the store's revision after it, the responses of
+        the branch taken)."""
+        reply = self.post("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
+        return bool(reply.get("succeeded")), int(reply["header"]["revision"]), reply.get("responses") or []
+
+    def status(self, deadline: float) -> dict:
+        return self.post("/v3/maintenance/status", {}, deadline)
+
+    def close(self) -> None:
+        self._http.clear()
+
+
+def ranged(responses: list[dict], index: int = 0) -> Entry | None:
+    """The entry a transaction's `get` at `index` found, or None."""
+    if len(responses) <= index:
+        return None
+    kvs = responses[index].get("response_range", {}).get("kvs") or []
+    return Entry(kvs[0]) if kvs else None
