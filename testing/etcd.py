@@ -19,6 +19,7 @@ def etcd_binary() -> str | None:
 class EtcdCluster:
     def __init__(self, folder: Path, members: int = 3):
         self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
         self.names = [f"m{i}" for i in range(members)]
         self.client = {n: free_port() for n in self.names}
         self.peer = {n: free_port() for n in self.names}

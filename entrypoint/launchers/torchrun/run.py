@@ -17,6 +17,7 @@ import logging
 import sys
 
 from ...running.outcome import Outcome, signal_code, signal_name
+from . import etcd_rendezvous
 from .node_ids import distinct_node_ids
 
 LABEL = "torchrun"
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
 
     quiet_warnings()
     distinct_node_ids()
+    etcd_rendezvous.register()
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:

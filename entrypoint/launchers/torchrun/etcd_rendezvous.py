@@ -1,0 +1,164 @@
+"""torchrun's rendezvous on an etcd v3 cluster (issue 36, part 2): no node hosts it.
+
+torch's dynamic rendezvous keeps its state (who joined, the round, each node's keep-alive)
+through a RendezvousBackend, two calls: get the state, and set it if nobody changed it
+since (a compare-and-set on a token). Here the state is one etcd key and the token its
+mod_revision, compared in an etcd transaction. The agents also need a torch Store for
+each round (ranks, the workers' MASTER_ADDR, the exit barrier): `EtcdStore` is one, on the
+same cluster. The workers' own torch.distributed store is served by the round's global
+rank 0, a new one each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), so it moves with the
+round: whichever node dies, first or not, the others form a new round without it.
+
+    python -m entrypoint.launchers.torchrun.run --rdzv-backend=etcd-v3 \
+        --rdzv-endpoint=http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --rdzv-id=JOB ...
+
+`--rdzv-id` names the job on the cluster: a finished job's rendezvous stays closed there,
+so each job needs an id of its own (as with torch's etcd-v2 backend).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, create_handler
+
+from ...store import etcd_client as wire
+from ...store.etcd_client import EtcdClient
+from ...store.transport import StoreGone, job_prefix
+
+BACKEND = "etcd-v3"
+POLL_S = (0.005, 0.05)          # a waiting get polls first this often, then at most this seldom
+
+
+def endpoints(text: str) -> list[str]:
+    """`--rdzv-endpoint`: members' client URLs, comma-separated; http:// when no scheme."""
+    found = [e.strip().rstrip("/") for e in text.split(",") if e.strip()]
+    return [e if "://" in e else f"http://{e}" for e in found]
+
+
+def _root(run_id: str) -> bytes:
+    return f"{job_prefix(run_id)}torchrun/".encode()
+
+
+def _bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class EtcdRendezvousBackend(RendezvousBackend):
+    """The rendezvous state as one key; its token, the key's mod_revision."""
+
+    def __init__(self, client: EtcdClient, run_id: str):
+        self.client = client
+        self.key = _root(run_id) + b"state"
+
+    @property
+    def name(self) -> str:
+        return BACKEND
+
+    def get_state(self) -> tuple[bytes, int] | None:
+        found = self._call(self.client.range, self.key)
+        return (found.value, found.mod_revision) if found is not None else None
+
+    def set_state(self, state: bytes, token=None) -> tuple[bytes, int, bool] | None:
+        unchanged = wire.unchanged_since(self.key, token) if isinstance(token, int) else wire.absent(self.key)
+        done, revision, responses = self._call(self.client.txn, [unchanged], [wire.put(self.key, state)],
+                                               [wire.get(self.key)])
+        if done:
+            return state, revision, True
+        found = wire.ranged(responses)
+        return (found.value, found.mod_revision, False) if found is not None else None
+
+    def _call(self, operation, *args):
+        try:
+            return operation(*args)
+        except StoreGone as exc:
+            raise RendezvousConnectionError(f"the rendezvous store is gone: {exc}") from None
+
+
+class EtcdStore(dist.Store):
+    """A torch Store on etcd, for the agents' keys of a round (torch prefixes them per round)."""
+
+    def __init__(self, client: EtcdClient, run_id: str, timeout: dt.timedelta):
+        super().__init__()
+        self.client = client
+        self.root = _root(run_id) + b"kv/"
+        self.set_timeout(timeout)
+
+    def _key(self, key: str) -> bytes:
+        return self.root + key.encode()
+
+    def set(self, key: str, value) -> None:
+        self.client.put(self._key(key), _bytes(value))
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        found = self.client.range(self._key(key))
+        if found is None:                        # deleted since: torch's stores raise as for a timeout
+            raise dist.DistStoreError(f"key {key!r} was deleted while it was read")
+        return found.value
+
+    def add(self, key: str, amount: int) -> int:
+        k = self._key(key)
+        while True:
+            found = self.client.range(k)
+            now = int(found.value) if found is not None else 0
+            unchanged = wire.unchanged_since(k, found.mod_revision) if found is not None else wire.absent(k)
+            done, _, _ = self.client.txn([unchanged], [wire.put(k, str(now + amount).encode())], [])
+            if done:
+                return now + amount
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        """TCPStore's answer: `desired` if set; else what is stored, or `expected` for a
+        missing key that was expected to hold something."""
+        k, expected, desired = self._key(key), _bytes(expected), _bytes(desired)
+        condition = wire.absent(k) if expected == b"" else wire.holds(k, expected)
+        done, _, responses = self.client.txn([condition], [wire.put(k, desired)], [wire.get(k)])
+        if done:
+            return desired
+        found = wire.ranged(responses)
+        return found.value if found is not None else expected
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self.client.range(self._key(k)) is not None for k in keys)
+
+    def wait(self, keys: list[str], timeout: dt.timedelta | None = None) -> None:
+        limit = (timeout or self.timeout).total_seconds()
+        deadline, pause = time.monotonic() + limit, POLL_S[0]
+        missing = list(keys)
+        while True:
+            missing = [k for k in missing if self.client.range(self._key(k)) is None]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise dist.DistStoreError(f"wait timeout after {limit:g}s for key(s) {missing} in the etcd store "
+                                          f"at {self.client.endpoint}")
+            time.sleep(pause)
+            pause = min(POLL_S[1], pause * 2)
+
+    def delete_key(self, key: str) -> bool:
+        return self.client.delete(self._key(key)) > 0
+
+    def num_keys(self) -> int:
+        return self.client.count(self.root)
+
+    # torch's binding asks a Python store for these two under their C++ names.
+    deleteKey = delete_key
+    getNumKeys = num_keys
+
+
+def create_etcd_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's dynamic rendezvous (its timeouts, keep-alives and rounds) on etcd."""
+    read_timeout = params.get_as_int("read_timeout", 60)
+    client = EtcdClient(endpoints(params.endpoint), op_timeout_s=read_timeout)
+    store = EtcdStore(client, params.run_id, dt.timedelta(seconds=read_timeout))
+    return create_handler(store, EtcdRendezvousBackend(client, params.run_id), params)
+
+
+def register() -> None:
+    """Make `--rdzv-backend=etcd-v3` known to torch's agent in this process (again: no-op)."""
+    rendezvous_handler_registry.register(BACKEND, create_etcd_handler)
