@@ -17,16 +17,18 @@ import uuid
 from typing import Callable
 
 from . import etcd_client as wire
-from .etcd_client import EtcdClient
+from .etcd_client import EtcdClient, NotEtcd
 from .transport import JobStore, RendezvousError, StoreGone, job_prefix
 
 
 class EtcdJobStore(JobStore):
-    def __init__(self, endpoints: list[str], run_id: str, timeout_s: float, op_timeout_s: float, identity=None):
+    def __init__(self, endpoints: list[str], run_id: str, timeout_s: float, op_timeout_s: float, identity=None,
+                 lease_ttl_s: int | None = None):
         """endpoints: each member's client URL (http://host:port; TLS to etcd is a later step);
         timeout_s: how long to look for the store at start (RDZV_TIMEOUT); op_timeout_s:
-        how long one operation may go unanswered by every member (PEER_TIMEOUT)."""
-        self.etcd = EtcdClient(endpoints, op_timeout_s)
+        how long one operation may go unanswered by every member (PEER_TIMEOUT); lease_ttl_s:
+        this node's keys vanish that long after it died (etcd_client.py)."""
+        self.etcd = EtcdClient(endpoints, op_timeout_s, lease_ttl_s)
         self.endpoint = self.etcd.endpoint
         self.prefix = job_prefix(run_id)
         self.timeout_s = timeout_s
@@ -53,8 +55,10 @@ class EtcdJobStore(JobStore):
                 return
             except StoreGone as exc:
                 last = str(exc).split(": ", 1)[-1]
+            except NotEtcd as exc:
+                raise RendezvousError(f"JOB_STORE={self.etcd.name}: {exc}") from None
             if time.monotonic() >= deadline:
-                raise RendezvousError(f"no job store at JOB_STORE=etcd://{self.endpoint} after "
+                raise RendezvousError(f"no job store at JOB_STORE={self.etcd.name} after "
                                       f"RDZV_TIMEOUT={self.timeout_s:g}s (is etcd running and its client port "
                                       f"reachable?); last error: {last}")
 
@@ -82,7 +86,7 @@ class EtcdJobStore(JobStore):
                 return now
             value = str(now + amount).encode()
             unchanged = wire.unchanged_since(k, found.mod_revision) if found is not None else wire.absent(k)
-            done, _, _ = self._call(self.etcd.txn, [unchanged], [wire.put(k, value), wire.put(receipt, value)], [])
+            done, _, _ = self._call(self.etcd.txn, [unchanged], [self.etcd.put_op(k, value), self.etcd.put_op(receipt, value)], [])
             if done:
                 return now + amount
             landed = self._call(self.etcd.range, receipt)      # an earlier try of this call, answered too late
@@ -92,7 +96,7 @@ class EtcdJobStore(JobStore):
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         k = self._key(key)
         condition = wire.absent(k) if expected == "" else wire.holds(k, expected.encode())
-        done, _, responses = self._call(self.etcd.txn, [condition], [wire.put(k, desired.encode())], [wire.get(k)])
+        done, _, responses = self._call(self.etcd.txn, [condition], [self.etcd.put_op(k, desired.encode())], [wire.get(k)])
         if done:
             return desired
         found = wire.ranged(responses)

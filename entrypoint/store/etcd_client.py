@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 from .transport import StoreGone
 
 RETRY_S = 0.1                       # between two rounds over the members
 STALL_S = 1.0                       # a member that holds a request longer is left for the next
+
+
+class NotEtcd(Exception):
+    """A member answered, but not as etcd's v3 gateway (another server, or etcd < 3.3)."""
 
 
 def b64(data: bytes) -> str:
@@ -50,10 +55,6 @@ def holds(key: bytes, value: bytes) -> dict:
     return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
 
 
-def put(key: bytes, value: bytes) -> dict:
-    return {"requestPut": {"key": b64(key), "value": b64(value)}}
-
-
 def get(key: bytes) -> dict:
     return {"requestRange": {"key": b64(key)}}
 
@@ -67,13 +68,25 @@ class Entry:
 
 
 class EtcdClient:
-    def __init__(self, endpoints: list[str], op_timeout_s: float):
+    """`lease_ttl_s`: every key this client writes is held by a lease of its own, which a
+    thread keeps alive every third of that time; when the process dies (or freezes) for
+    that long, etcd deletes its keys. So a job's keys outlive it by that long at most, and
+    the same RUN_ID can name a new job after it. Leases are never revoked on purpose: a
+    node that leaves may have written a key the others still read (torch's rendezvous
+    state), which they rewrite with their own lease within a keep-alive interval."""
+
+    def __init__(self, endpoints: list[str], op_timeout_s: float, lease_ttl_s: int | None = None):
         """endpoints: each member's client URL (http://host:port); op_timeout_s: how long one
         operation may go unanswered by every member before StoreGone."""
         import urllib3
 
+        self.lease_ttl_s = lease_ttl_s
+        self._lease: str | None = None
+        self._lease_lock = threading.Lock()
+        self._closed = threading.Event()
         self.endpoints = list(endpoints)
         self.endpoint = ",".join(self.endpoints)
+        self.name = "etcd://" + ",".join(e.split("://", 1)[-1] for e in self.endpoints)   # as JOB_STORE spells it
         self.op_timeout_s = op_timeout_s
         self._at = 0                        # the member that answered last
         self._http = urllib3.PoolManager(retries=False)
@@ -100,6 +113,9 @@ class EtcdClient:
                 if reply.status == 200:
                     self._at = at
                     return json.loads(reply.data)
+                if reply.status == 404:
+                    raise NotEtcd(f"{self.endpoints[at]}{path} answers HTTP 404: not etcd's v3 API (etcd 3.3 or "
+                                  f"later serves it on each member's client port)")
                 last = f"{self.endpoints[at]}: HTTP {reply.status} {reply.data[:200].decode(errors='replace')}"
             if time.monotonic() >= deadline:
                 raise StoreGone(f"etcd at {self.endpoint} did not answer: {last}")
@@ -109,8 +125,37 @@ class EtcdClient:
         kvs = self.post("/v3/kv/range", {"key": b64(key)}).get("kvs") or []
         return Entry(kvs[0]) if kvs else None
 
+    # ------------------------------------------------------------------ leases
+    def lease(self) -> str | None:
+        """This client's lease ID, granted (and kept alive) at the first write; None without a TTL."""
+        if self.lease_ttl_s is None:
+            return None
+        with self._lease_lock:
+            if self._lease is None:
+                self._lease = self.post("/v3/lease/grant", {"TTL": self.lease_ttl_s})["ID"]
+                threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True).start()
+            return self._lease
+
+    def _keep_alive(self) -> None:
+        while not self._closed.wait(self.lease_ttl_s / 3):
+            lease = self._lease
+            try:
+                reply = self.post("/v3/lease/keepalive", {"ID": lease}).get("result", {})
+            except (StoreGone, NotEtcd):
+                continue                         # the next tick tries again, until the TTL runs out
+            if int(reply.get("TTL", 0)) <= 0:    # expired (this process froze longer): its keys are gone
+                with self._lease_lock:
+                    if self._lease == lease:
+                        self._lease = self.post("/v3/lease/grant", {"TTL": self.lease_ttl_s})["ID"]
+
+    def put_op(self, key: bytes, value: bytes) -> dict:
+        """A put, for a transaction's branch, held by this client's lease."""
+        request = {"key": b64(key), "value": b64(value)}
+        lease = self.lease()
+        return {"requestPut": {**request, "lease": lease} if lease else request}
+
     def put(self, key: bytes, value: bytes) -> None:
-        self.post("/v3/kv/put", {"key": b64(key), "value": b64(value)})
+        self.post("/v3/kv/put", self.put_op(key, value)["requestPut"])
 
     def delete(self, key: bytes) -> int:
         """How many keys it deleted (0 or 1)."""
@@ -132,6 +177,8 @@ class EtcdClient:
         return self.post("/v3/maintenance/status", {}, deadline)
 
     def close(self) -> None:
+        """Stop keeping the lease alive (its keys go TTL later) and drop the connections."""
+        self._closed.set()
         self._http.clear()
 
 

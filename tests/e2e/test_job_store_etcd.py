@@ -119,4 +119,4 @@ def test_a_store_that_is_not_there_is_one_line_after_the_wait():
     with pytest.raises(RendezvousError) as failed:
         store.connect(time.monotonic() + 1.5)
     assert 1.4 < time.monotonic() - t0 < 4
-    assert str(failed.value).startswith(f"no job store at JOB_STORE=etcd://http://127.0.0.1:{port} after RDZV_TIMEOUT=1.5s")
+    assert str(failed.value).startswith(f"no job store at JOB_STORE=etcd://127.0.0.1:{port} after RDZV_TIMEOUT=1.5s")

@@ -4,7 +4,6 @@ loopback): no node hosts the rendezvous, so losing any node, the first one inclu
 a job that goes on with the others."""
 
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,12 +29,12 @@ class TorchrunNode(Node):
                                 start_new_session=True)
 
 
-def torchrun_args(etcd: EtcdCluster, run_id: str, state) -> list[str]:
+def torchrun_args(etcd: EtcdCluster, run_id: str, state, steps: int = STEPS) -> list[str]:
     return ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=3", "--monitor-interval=0.1",
             "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={','.join(etcd.endpoints)}", f"--rdzv-id={run_id}",
-            "--rdzv-conf=join_timeout=60,read_timeout=10,last_call_timeout=1,keep_alive_interval=1,"
+            "--rdzv-conf=join_timeout=60,read_timeout=10,op_timeout=3,last_call_timeout=1,keep_alive_interval=1,"
             "keep_alive_max_attempt=3",
-            "--local-addr=127.0.0.1", str(ROOT / "tests/e2e/elastic_steps.py"), "--steps", str(STEPS),
+            "--local-addr=127.0.0.1", str(ROOT / "tests/e2e/elastic_steps.py"), "--steps", str(steps),
             "--state", str(state)]
 
 
@@ -45,10 +44,11 @@ def etcd(tmp_path):
         yield cluster
 
 
-def start_nodes(etcd, tmp_path, count: int, first: int = 0, run_id: str = "") -> list[TorchrunNode]:
+def start_nodes(etcd, tmp_path, count: int, first: int = 0, run_id: str = "", steps: int = STEPS,
+                state: str = "step") -> list[TorchrunNode]:
     """`count` nodes of the job `run_id` (a new one if not given), logs numbered from `first`."""
     env = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
-    args = torchrun_args(etcd, run_id or uuid.uuid4().hex[:12], tmp_path / "step")
+    args = torchrun_args(etcd, run_id or uuid.uuid4().hex[:12], tmp_path / state, steps)
     return [TorchrunNode(env, args, tmp_path / f"node{k}.log") for k in range(first, first + count)]
 
 
@@ -74,7 +74,6 @@ def test_losing_an_etcd_member_goes_unnoticed_and_the_job_goes_on_without_its_fi
         first.kill_tree()
         survivors = [n for n in nodes if n is not first]
         wait_for_any(survivors, "world=2", 60)
-        resumed = [m for n in survivors for m in re.findall(r"STEP (\d+) world=2", n.output)]
         took = time.monotonic() - killed_at
         print(f"global rank 0's node killed: first step at world 2 after {took:.1f}s")
         assert [n.wait(120) for n in survivors] == [0, 0], "\n".join(n.output[-2000:] for n in survivors)
@@ -96,6 +95,22 @@ def test_a_node_that_joins_later_is_taken_into_the_next_round(etcd, tmp_path):
         assert [n.wait(120) for n in nodes] == [0, 0, 0], "\n".join(n.output[-2000:] for n in nodes)
         done = "\n".join(n.output for n in nodes)
         assert f"STEP {STEPS} world=3" in done and int(re.findall(r"ROUND world=3 from=(\d+)", done)[0]) >= 20
+    finally:
+        for n in nodes:
+            n.kill()
+
+
+def test_a_new_job_under_the_id_of_one_that_just_ended_waits_for_its_keys_and_runs(etcd, tmp_path):
+    """A finished job's rendezvous is closed; its keys are held by its nodes' leases (TTL
+    op_timeout=3 s here), so the next job under the same id waits for them, then runs."""
+    nodes = start_nodes(etcd, tmp_path, 2, steps=20, state="a")
+    try:
+        assert [n.wait(120) for n in nodes] == [0, 0], "\n".join(n.output[-2000:] for n in nodes)
+        again = start_nodes(etcd, tmp_path, 2, first=2, run_id=run_id_of(nodes[0]), steps=20, state="b")
+        nodes += again
+        assert [n.wait(120) for n in again] == [0, 0], "\n".join(n.output[-2000:] for n in again)
+        assert "STEP 20 world=2" in "\n".join(n.output for n in again)
+        assert any("belongs to a job that ended" in n.output for n in again)
     finally:
         for n in nodes:
             n.kill()

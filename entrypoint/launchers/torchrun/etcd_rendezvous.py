@@ -12,13 +12,15 @@ round: whichever node dies, first or not, the others form a new round without it
     python -m entrypoint.launchers.torchrun.run --rdzv-backend=etcd-v3 \
         --rdzv-endpoint=http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --rdzv-id=JOB ...
 
-`--rdzv-id` names the job on the cluster: a finished job's rendezvous stays closed there,
-so each job needs an id of its own (as with torch's etcd-v2 backend).
+`--rdzv-id` names the job on the cluster. Every key an agent writes is held by its lease
+(etcd_client.py, TTL op_timeout): a job's keys vanish that long after its last node ended,
+and a job started again under the same id within that time waits for them to go.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import time
 
 import torch.distributed as dist
@@ -66,7 +68,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
     def set_state(self, state: bytes, token=None) -> tuple[bytes, int, bool] | None:
         unchanged = wire.unchanged_since(self.key, token) if isinstance(token, int) else wire.absent(self.key)
-        done, revision, responses = self._call(self.client.txn, [unchanged], [wire.put(self.key, state)],
+        done, revision, responses = self._call(self.client.txn, [unchanged], [self.client.put_op(self.key, state)],
                                                [wire.get(self.key)])
         if done:
             return state, revision, True
@@ -108,7 +110,7 @@ class EtcdStore(dist.Store):
             found = self.client.range(k)
             now = int(found.value) if found is not None else 0
             unchanged = wire.unchanged_since(k, found.mod_revision) if found is not None else wire.absent(k)
-            done, _, _ = self.client.txn([unchanged], [wire.put(k, str(now + amount).encode())], [])
+            done, _, _ = self.client.txn([unchanged], [self.client.put_op(k, str(now + amount).encode())], [])
             if done:
                 return now + amount
 
@@ -117,7 +119,7 @@ class EtcdStore(dist.Store):
         missing key that was expected to hold something."""
         k, expected, desired = self._key(key), _bytes(expected), _bytes(desired)
         condition = wire.absent(k) if expected == b"" else wire.holds(k, expected)
-        done, _, responses = self.client.txn([condition], [wire.put(k, desired)], [wire.get(k)])
+        done, _, responses = self.client.txn([condition], [self.client.put_op(k, desired)], [wire.get(k)])
         if done:
             return desired
         found = wire.ranged(responses)
@@ -151,12 +153,35 @@ class EtcdStore(dist.Store):
     getNumKeys = num_keys
 
 
+def wait_for_an_ended_job(backend: EtcdRendezvousBackend, wait_s: float) -> None:
+    """A rendezvous that ended (a job that finished under the same id) stays closed until
+    the last lease that holds it runs out: a node starting within that time waits for it
+    (at most `wait_s`, one line) rather than failing with torch's RendezvousClosedError."""
+    import pickle
+
+    deadline, said = time.monotonic() + wait_s, False
+    while time.monotonic() < deadline:
+        found = backend.get_state()
+        if found is None or not getattr(pickle.loads(found[0]), "closed", False):
+            return
+        if not said:
+            print(f"torchrun: the rendezvous {backend.key.decode()} on etcd belongs to a job that ended; waiting up "
+                  f"to {wait_s:g}s for its keys to expire", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.5)
+
+
 def create_etcd_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """torch's dynamic rendezvous (its timeouts, keep-alives and rounds) on etcd."""
+    """torch's dynamic rendezvous (its timeouts, keep-alives and rounds) on etcd.
+    `read_timeout`: how long an agent waits for another's key of the round; `op_timeout`:
+    how long a call may go unanswered by every member before the store counts as lost."""
     read_timeout = params.get_as_int("read_timeout", 60)
-    client = EtcdClient(endpoints(params.endpoint), op_timeout_s=read_timeout)
+    op_timeout = params.get_as_int("op_timeout", 10)
+    client = EtcdClient(endpoints(params.endpoint), op_timeout_s=op_timeout, lease_ttl_s=max(2, op_timeout))
     store = EtcdStore(client, params.run_id, dt.timedelta(seconds=read_timeout))
-    return create_handler(store, EtcdRendezvousBackend(client, params.run_id), params)
+    backend = EtcdRendezvousBackend(client, params.run_id)
+    wait_for_an_ended_job(backend, client.lease_ttl_s + 2)
+    return create_handler(store, backend, params)
 
 
 def register() -> None:
