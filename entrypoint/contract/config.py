@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .manifest import Image
-from .urls import BucketUrl, UrlError, has_scheme, parse_bucket_url
+from .urls import BucketUrl, UrlError, has_scheme, parse_bucket_url, parse_store_url
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras", "mxnet")
 TRAIN_MODES = ("local", "distributed")
@@ -197,8 +197,13 @@ VARIABLES = (
     Var("ROLE", Choice(ROLES), None, '`master` (node 0, serves rendezvous) or `worker`; default: from `NODE_RANK`'),
     Var("NUM_NODES", Int(1), "1", 'nodes (containers) in the job'),
     Var("NODE_RANK", Int(0), None, 'optional for workers; 0 is the master; default: assigned at rendezvous'),
-    Var("MASTER_ADDR", HOST, None, "the master's host name or IP; required when distributed"),
+    Var("MASTER_ADDR", HOST, None, "the master's host name or IP; required when distributed, unless `JOB_STORE` is set"),
     Var("MASTER_PORT", PORT, "29500", "the job store on the master (torchrun's c10d rendezvous uses it too)"),
+    Var("JOB_STORE", Text(r"^etcd://.+$", "allowed: etcd://HOST:PORT[,HOST:PORT...]"), None,
+        "`etcd://HOST:PORT[,HOST:PORT...]`: the job store and torchrun's rendezvous on an etcd v3 "
+        "cluster instead of the master, so that no node is special and the job survives losing "
+        "any node, the first included; elastic PyTorch (`MIN_NODES`/`MAX_NODES`, `LAUNCHER=native`) "
+        "without `ROLE`, `NODE_RANK`, `MASTER_ADDR` (docs/rendezvous.md)"),
     Var("ACCELERATOR", Choice(ACCELERATORS, "accelerators"), "auto",
         
         '`auto` (a TPU if the host has one and the image is `tpu`, else visible GPUs, else '
@@ -345,7 +350,7 @@ class Config:
     rules derive (nccl_env) and what is not a variable of ours (script_args, passed)."""
     framework: str
     train_mode: str
-    role: str
+    role: str                           # master | worker; peer with JOB_STORE (no node is special)
     num_nodes: int
     node_rank: int | None
     master_addr: str
@@ -387,6 +392,7 @@ class Config:
     straggler_window: int = 60
     cache_dir: str = "/app/cache"
     s3_addressing_style: str | None = None
+    job_store: tuple[str, ...] | None = None  # JOB_STORE: each etcd member's client URL (http://host:port)
     data_url: BucketUrl | None = None        # DATA_DIR=s3://...: data_dir is its node-local copy
     checkpoint_url: BucketUrl | None = None  # CHECKPOINT_DIR=s3://...: checkpoint_dir is its local folder
     job_secret: str | None = field(default=None, repr=False)   # read through secret.read_secret
@@ -445,6 +451,35 @@ def elastic_bounds(v: Values, env: dict) -> Values:
     return {}
 
 
+def external_job_store(v: Values, env: dict) -> Values:
+    """JOB_STORE: the members of an etcd cluster, where every node meets the others; no
+    node is the master, so ROLE, NODE_RANK and MASTER_ADDR have no meaning (role "peer")."""
+    if v["JOB_STORE"] is None:
+        return {}
+    try:
+        members = parse_store_url(v["JOB_STORE"])
+    except UrlError as exc:
+        raise _fail("JOB_STORE", env["JOB_STORE"], str(exc)) from None
+    for name in ("ROLE", "NODE_RANK", "MASTER_ADDR"):
+        if env.get(name, "").strip():
+            raise _fail(name, env[name], "not used with JOB_STORE, where every node is equal (the first to "
+                                         "arrive is as good as any other); unset it")
+    if v["TRAIN_MODE"] == "local":
+        raise _fail("TRAIN_MODE", env["TRAIN_MODE"], "JOB_STORE is where several nodes meet; allowed with it: "
+                                                     "distributed")
+    if v["MIN_NODES"] is None or v["FRAMEWORK"] != "pytorch" or v["LAUNCHER"] != "native":
+        raise ConfigError(f"JOB_STORE={env['JOB_STORE']!r}: an external job store runs elastic PyTorch "
+                          f"(FRAMEWORK=pytorch, LAUNCHER=native, MIN_NODES and MAX_NODES) so far, got "
+                          f"FRAMEWORK={v['FRAMEWORK']} LAUNCHER={v['LAUNCHER']}"
+                          f"{'' if v['MIN_NODES'] is not None else ' without MIN_NODES/MAX_NODES'}; other jobs "
+                          f"meet through their master (MASTER_ADDR, ROLE): docs/rendezvous.md")
+    if v["JOB_SECRET"] is not None or v["JOB_SECRET_FILE"] is not None:
+        raise ConfigError(f"JOB_SECRET with JOB_STORE={env['JOB_STORE']!r}: the secret's TLS is not carried to "
+                          f"etcd yet; secure etcd itself (client certificates, a private network: "
+                          f"docs/rendezvous.md) and unset JOB_SECRET/JOB_SECRET_FILE")
+    return {"JOB_STORE": members, "TRAIN_MODE": "distributed", "ROLE": "peer", "MASTER_ADDR": ""}
+
+
 def train_mode(v: Values, env: dict) -> Values:
     if v["TRAIN_MODE"] is not None:
         return {}
@@ -465,7 +500,7 @@ def local_is_one_node(v: Values, env: dict) -> Values:
 
 def distributed_placement(v: Values, env: dict) -> Values:
     """MASTER_ADDR is required; ROLE and NODE_RANK agree (the master is node 0)."""
-    if v["TRAIN_MODE"] != "distributed":
+    if v["TRAIN_MODE"] != "distributed" or v["JOB_STORE"] is not None:
         return {}
     if v["MASTER_ADDR"] is None:
         raise ConfigError("MASTER_ADDR is not set: TRAIN_MODE=distributed needs the master's host "
@@ -628,7 +663,7 @@ def object_storage(v: Values, env: dict) -> Values:
 
 
 RULES: tuple[Callable[[Values, dict], Values], ...] = (
-    elastic_bounds, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
+    elastic_bounds, external_job_store, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
     restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, mxnet_launchers, tf_config_is_tensorflows,
     nccl_settings, object_storage,
 )

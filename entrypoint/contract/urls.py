@@ -62,3 +62,28 @@ def parse_bucket_url(text: str) -> BucketUrl:
     if any(p in (".", "..") for p in parts) or "//" in prefix.strip("/"):
         raise UrlError(f"prefix {prefix!r} has empty, '.' or '..' parts")
     return BucketUrl(scheme, bucket, "".join(p + "/" for p in parts))
+
+
+# --------------------------------------------------------------------------- JOB_STORE
+STORE_SCHEMES = ("etcd",)
+_MEMBER_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(\d{1,5})$")
+
+
+def parse_store_url(text: str) -> tuple[str, ...]:
+    """`etcd://HOST:PORT[,HOST:PORT...]`, an etcd v3 cluster's members: their client URLs
+    (http://HOST:PORT), in the order given; UrlError with what is allowed otherwise."""
+    m = _SCHEME_RE.match(text.strip())
+    allowed = "allowed: etcd://HOST:PORT[,HOST:PORT...] (the client addresses of an etcd v3 cluster's members)"
+    if m is None:
+        raise UrlError(f"not a URL; {allowed}")
+    scheme, rest = m.group(1).lower(), m.group(2)
+    if scheme not in STORE_SCHEMES:
+        raise UrlError(f"scheme {scheme}:// is not supported; {allowed}")
+    members = [part.strip() for part in rest.rstrip("/").split(",")]
+    for member in members:
+        found = _MEMBER_RE.match(member)
+        if found is None or not 0 < int(found.group(2)) < 65536:
+            raise UrlError(f"member {member!r} is not HOST:PORT (a port 1-65535); {allowed}")
+    if len(set(members)) != len(members):
+        raise UrlError(f"a member is named twice; {allowed}")
+    return tuple(f"http://{member}" for member in members)

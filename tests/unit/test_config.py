@@ -231,3 +231,32 @@ def test_an_interface_variable_that_does_not_select_net_ifname_is_an_error():
 def test_script_arguments_pass_through():
     c = load_config({}, Image(FRAMEWORKS, LAUNCHERS), ("--steps", "5"))
     assert c.script_args == ("--steps", "5")
+
+
+# --------------------------------------------------------------------------- JOB_STORE
+ON_ETCD = dict(JOB_STORE="etcd://e1:2379,10.0.0.2:2379", MIN_NODES=1, MAX_NODES=3, MAX_RESTARTS=3)
+
+
+def test_a_job_on_etcd_needs_no_master_role_or_address():
+    c = config(**ON_ETCD)
+    assert c.job_store == ("http://e1:2379", "http://10.0.0.2:2379")
+    assert (c.train_mode, c.role, c.node_rank, c.master_addr) == ("distributed", "peer", None, "")
+
+
+@pytest.mark.parametrize("env, names, allowed", [
+    (dict(JOB_STORE="etcd:/e1:2379"), "JOB_STORE='etcd:/e1:2379'", "etcd://HOST:PORT[,HOST:PORT...]"),
+    (dict(JOB_STORE="http://e1:2379"), "JOB_STORE='http://e1:2379'", "etcd://HOST:PORT[,HOST:PORT...]"),
+    (dict(JOB_STORE="etcd://e1"), "member 'e1' is not HOST:PORT", "etcd://HOST:PORT[,HOST:PORT...]"),
+    (dict(JOB_STORE="etcd://e1:2379,e1:2379"), "named twice", "etcd://HOST:PORT[,HOST:PORT...]"),
+    (dict(JOB_STORE="etcd://e1:70000"), "member 'e1:70000'", "a port 1-65535"),
+    (dict(ROLE="master"), "ROLE='master': not used with JOB_STORE", "unset it"),
+    (dict(MASTER_ADDR="10.0.0.1"), "MASTER_ADDR='10.0.0.1': not used with JOB_STORE", "unset it"),
+    (dict(NODE_RANK="0"), "NODE_RANK='0': not used with JOB_STORE", "unset it"),
+    (dict(TRAIN_MODE="local"), "TRAIN_MODE='local'", "allowed with it: distributed"),
+    (dict(MIN_NODES="", MAX_NODES=""), "without MIN_NODES/MAX_NODES", "elastic PyTorch"),
+    (dict(LAUNCHER="horovod", MAX_RESTARTS=0), "LAUNCHER=horovod", "elastic PyTorch"),
+    (dict(JOB_SECRET="0123456789abcdef0123456789abcdef"), "JOB_SECRET with JOB_STORE", "secure etcd itself"),
+])
+def test_bad_job_store_settings_are_one_line(env, names, allowed):
+    message = error(**{**ON_ETCD, **env})
+    assert names in message and allowed in message, message
