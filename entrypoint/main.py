@@ -29,6 +29,7 @@ from .health.progress import ProgressFolder
 from .health.vigil import DIAGNOSTICS
 from .job.finish import finish_together
 from .job.join import Job, JoinedJob, LocalJob, NotJoined
+from .job.peers import PeerJob
 from .machine import hardware
 from .machine import writable_dirs
 from .plan import NodePlan, command_env, plan_from_env, plan_processes
@@ -109,7 +110,12 @@ def run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Deriving |
 
 def _run_node(plan: NodePlan, env: dict[str, str], log: Log, identity: Deriving | None,
               storage: NodeStorage | None, signals: Signals) -> Outcome:
-    job = LocalJob(plan, log) if plan.mode == "local" else Job(plan, log, signals, identity)
+    if plan.mode == "local":
+        job = LocalJob(plan, log)
+    elif plan.config.job_store:                 # JOB_STORE: the nodes meet on etcd, no master
+        job = PeerJob(plan, log, signals)
+    else:
+        job = Job(plan, log, signals, identity)
     c = plan.config
     # The processes report their steps here (vigil.py), unless both detections are off.
     progress = ProgressFolder() if c.hang_timeout or c.straggler_factor else None

@@ -144,8 +144,9 @@ def _common_env(launcher: Launcher, hw: Hardware) -> dict[str, str]:
         # the warnings of tf.data (and oneDNN at 0); TF_CPP_MIN_LOG_LEVEL=0 or 1 brings them back.
         if "TF_CPP_MIN_LOG_LEVEL" not in passed:
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if launcher.mode == "distributed":
+    if launcher.mode == "distributed" and not config.job_store:
         # Where the processes report training rounds (disttrain.elastic): the job store.
+        # With JOB_STORE there is no master to log them: global rank 0 says each round itself.
         env.update(DISTTRAIN_JOB_STORE=launcher.endpoint, DISTTRAIN_JOB_PREFIX=job_prefix(config.run_id))
     return {**env, **launcher.env()}
 

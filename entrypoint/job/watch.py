@@ -32,9 +32,9 @@ from .members import Members
 from .rounds import RoundKeys, Rounds
 
 def stop_outcome(config: Config, signum: int) -> Outcome:
-    """What a signal means for this node: an elastic worker leaves a job that goes on;
+    """What a signal means for this node: an elastic worker (or peer, JOB_STORE) leaves a job that goes on;
     any other node stops the job."""
-    if config.elastic and config.role == "worker":
+    if config.elastic and config.role in ("worker", "peer"):
         return Outcome.left(signum)
     return Outcome.stopped(signum)
 

@@ -41,7 +41,7 @@ from ..store.transport import JobStore
 
 @dataclass(frozen=True)
 class Rendezvous:
-    endpoint: str                    # MASTER_ADDR:MASTER_PORT, the job store
+    endpoint: str                    # MASTER_ADDR:MASTER_PORT, the job store (or JOB_STORE's etcd://...)
     serve_store: bool                # this node hosts the job store (the master)
     exchange: bool                   # nodes must exchange addresses before launching
     horovod_server: bool             # this node serves the launcher's rendezvous (Horovod's HTTP server)
@@ -172,4 +172,7 @@ class Launcher:
 
     @property
     def endpoint(self) -> str:
+        """Where the nodes meet: the master's job store, or JOB_STORE's etcd members."""
+        if self.config.job_store:
+            return "etcd://" + ",".join(url.split("://", 1)[1] for url in self.config.job_store)
         return f"{self.config.master_addr}:{self.config.master_port}"

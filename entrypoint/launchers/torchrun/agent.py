@@ -93,45 +93,18 @@ def launch_config(launch: TorchrunLaunch, python: str, grace_period: float):
     return config, program, args
 
 
-def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores=None):
-    """torch's c10d rendezvous handler, with what the job adds to each round:
+def _wrapped(handler, next_rendezvous, use_agent_store=None, on_shutdown=None):
+    """torch's rendezvous handler, with its rounds (and optionally whether the workers use
+    the agent's store, and what to close at shutdown) replaced; everything else its own."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
-    `node_rank` (fixed-size jobs): this node's group rank replaced by its rank in the job
-    store, so global ranks follow node ranks and rank 0 runs on the master, as under the
-    other launchers. c10d numbers the nodes by their sorted descriptors (address, pid), so
-    without this rank 0 lands on whichever node sorts first. Both are permutations of
-    0..N-1 over the same round, so every node's view agrees. Elastic jobs keep c10d's.
-
-    Where torch does not share its rendezvous store with the workers (restarts enabled:
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), global rank 0's process serves their store at
-    MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
-    under keys of our own in the round's store.
-
-    `stores` (behind JOB_SECRET, worker_stores.WorkersStores): the workers' store is the
-    round's own store on the master, reached on this node's loopback; every worker is a
-    client (use_agent_store), and no process serves one of its own."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
-    from torch.distributed.elastic.utils.distributed import get_free_port
-
-    class InJobOrder(RendezvousHandler):
+    class Wrapped(RendezvousHandler):
         def next_rendezvous(self):
-            info = handler.next_rendezvous()
-            rank = info.rank if node_rank is None else node_rank
-            bootstrap = info.bootstrap_store_info
-            if stores is not None:
-                bootstrap = RendezvousStoreInfo("127.0.0.1", stores.open(info.store))
-            elif not handler.use_agent_store:
-                store = info.store
-                if rank == 0:
-                    store.set("disttrain/master_addr", local_addr or bootstrap.master_addr)
-                    store.set("disttrain/master_port", str(get_free_port()))
-                bootstrap = RendezvousStoreInfo(store.get("disttrain/master_addr").decode(),
-                                                int(store.get("disttrain/master_port").decode()))
-            return RendezvousInfo(info.store, rank, info.world_size, bootstrap)
+            return next_rendezvous()
 
         @property
         def use_agent_store(self) -> bool:
-            return stores is not None or handler.use_agent_store
+            return handler.use_agent_store if use_agent_store is None else use_agent_store
 
         def get_backend(self):
             return handler.get_backend()
@@ -149,22 +122,84 @@ def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores
             return handler.get_run_id()
 
         def shutdown(self):
-            if stores is not None:
-                stores.close()
+            if on_shutdown is not None:
+                on_shutdown()
             return handler.shutdown()
 
-    return InJobOrder()
+    return Wrapped()
 
 
-def _agent(config, program, args, stop: dict, node_rank: int | None = None, stores=None):
+def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores=None):
+    """torch's c10d rendezvous handler, with what the job adds to each round:
+
+    `node_rank` (fixed-size jobs): this node's group rank replaced by its rank in the job
+    store, so global ranks follow node ranks and rank 0 runs on the master, as under the
+    other launchers. c10d numbers the nodes by their sorted descriptors (address, pid), so
+    without this rank 0 lands on whichever node sorts first. Both are permutations of
+    0..N-1 over the same round, so every node's view agrees. Elastic jobs keep c10d's.
+
+    Where torch does not share its rendezvous store with the workers (restarts enabled:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), global rank 0's process serves their store at
+    MASTER_ADDR:MASTER_PORT, so that address must be the master's: it is published here,
+    under keys of our own in the round's store.
+
+    `stores` (behind JOB_SECRET, worker_stores.WorkersStores): the workers' store is the
+    round's own store on the master, reached on this node's loopback; every worker is a
+    client (use_agent_store), and no process serves one of its own."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    def next_rendezvous():
+        info = handler.next_rendezvous()
+        rank = info.rank if node_rank is None else node_rank
+        bootstrap = info.bootstrap_store_info
+        if stores is not None:
+            bootstrap = RendezvousStoreInfo("127.0.0.1", stores.open(info.store))
+        elif not handler.use_agent_store:
+            store = info.store
+            if rank == 0:
+                store.set("disttrain/master_addr", local_addr or bootstrap.master_addr)
+                store.set("disttrain/master_port", str(get_free_port()))
+            bootstrap = RendezvousStoreInfo(store.get("disttrain/master_addr").decode(),
+                                            int(store.get("disttrain/master_port").decode()))
+        return RendezvousInfo(info.store, rank, info.world_size, bootstrap)
+
+    return _wrapped(handler, next_rendezvous, use_agent_store=True if stores is not None else None,
+                    on_shutdown=stores.close if stores is not None else None)
+
+
+ROUND_CHANGE = {-1: "a node left or was lost", 0: "the same nodes, after a restart", 1: "a node joined"}
+
+
+def _saying_rounds(handler, say):
+    """The handler, saying each round it forms in one line: how many nodes, this node's
+    place, and whether the job shrank or grew. Where no master watches the job (JOB_STORE),
+    that is how a node learns of a lost or new peer."""
+    before: dict = {"world": None}
+
+    def next_rendezvous():
+        info = handler.next_rendezvous()
+        was = before["world"]
+        change = "" if was is None else f" (was {was}: {ROUND_CHANGE[(info.world_size > was) - (info.world_size < was)]})"
+        say(f"rendezvous: {info.world_size} node(s), this one has group rank {info.rank}{change}")
+        before["world"] = info.world_size
+        return info
+
+    return _wrapped(handler, next_rendezvous)
+
+
+def _agent(config, program, args, stop: dict, node_rank: int | None = None, stores=None, say=None):
     """torch's LocalElasticAgent as launch_agent makes it (torch.distributed.launcher.api),
     checking `stop` each time it checks its workers; with `node_rank` (fixed-size jobs), its
-    nodes in node-rank order; with `stores`, the workers' store of each round (_in_job_order)."""
+    nodes in node-rank order; with `stores`, the workers' store of each round (_in_job_order);
+    with `say` and JOB_STORE's rendezvous, a line per round (_saying_rounds)."""
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from .etcd_rendezvous import register as register_etcd_backend
 
     class StoppableAgent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
@@ -176,6 +211,7 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
             return super()._monitor_workers(worker_group)
 
     distinct_node_ids()
+    register_etcd_backend()                    # --rdzv-backend=etcd-v3 (JOB_STORE)
     logging.getLogger(FAILURE_REPORT).setLevel(logging.CRITICAL)
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
                                   min_nodes=config.min_nodes, max_nodes=config.max_nodes,
@@ -183,6 +219,8 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
     handler = rdzv_registry.get_rendezvous_handler(params)
     if node_rank is not None or stores is not None:
         handler = _in_job_order(handler, node_rank, config.local_addr, stores)
+    if say is not None and config.rdzv_backend == "etcd-v3":      # no master logs the rounds
+        handler = _saying_rounds(handler, say)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
                       rdzv_handler=handler, max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
@@ -245,7 +283,7 @@ class InProcessTorchrun:
     def _run_agent(self, config, program, args) -> None:
         try:
             agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank,
-                                                     self.stores)
+                                                     self.stores, say=self.log.say)
             stopped = False
             try:
                 result = agent.run()

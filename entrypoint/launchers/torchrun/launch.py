@@ -43,7 +43,8 @@ class TorchrunLaunch:
     env: dict[str, str]                       # on top of the container's environment
     standalone: bool = False                  # one node: torchrun's own store on a free local port
     nnodes: str = "1"                         # "N", or "MIN:MAX" for an elastic job
-    rdzv_endpoint: str | None = None          # the job store (c10d, is_host=0)
+    rdzv_endpoint: str | None = None          # the job store (c10d, is_host=0), or etcd's members
+    rdzv_backend: str = "c10d"                # c10d on the job store; etcd-v3 with JOB_STORE (etcd_rendezvous.py)
     rdzv_conf: tuple[tuple[str, int], ...] = ()
     local_addr: str | None = None             # where the other nodes reach this one
     monitor_interval: float = MONITOR_INTERVAL_S
@@ -63,7 +64,7 @@ class TorchrunLaunch:
             argv.append("--standalone")
         else:
             conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf)
-            argv += [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
+            argv += [f"--nnodes={self.nnodes}", f"--rdzv-backend={self.rdzv_backend}", f"--rdzv-endpoint={self.rdzv_endpoint}",
                      f"--rdzv-conf={conf}"]
             if self.local_addr:
                 argv.append(f"--local-addr={self.local_addr}")
@@ -71,10 +72,15 @@ class TorchrunLaunch:
         return (*argv, *self.args)
 
 
-def rendezvous_conf(timeout_s: int, elastic: bool, last_call_s: int, dead_after_s: int) -> tuple[tuple[str, int], ...]:
-    """torchrun's c10d settings on the job store. The store is the master entrypoint's
-    (is_host=0), so it outlives any one torchrun."""
-    conf = [("is_host", 0), ("join_timeout", timeout_s), ("read_timeout", timeout_s)]
+def rendezvous_conf(timeout_s: int, elastic: bool, last_call_s: int, dead_after_s: int,
+                    backend: str = "c10d", op_timeout_s: int = 0) -> tuple[tuple[str, int], ...]:
+    """torchrun's rendezvous settings. On the job store (c10d) the store is the master
+    entrypoint's (is_host=0), so it outlives any one torchrun; etcd outlives every node, and
+    a call that no member answers within `op_timeout_s` (PEER_TIMEOUT) means it is lost."""
+    conf = [("is_host", 0)] if backend == "c10d" else []
+    conf += [("join_timeout", timeout_s), ("read_timeout", timeout_s)]
+    if backend != "c10d":
+        conf += [("op_timeout", op_timeout_s)]
     if elastic:
         conf += [("last_call_timeout", last_call_s), ("keep_alive_interval", KEEP_ALIVE_INTERVAL_S),
                  ("keep_alive_max_attempt", max(1, dead_after_s // KEEP_ALIVE_INTERVAL_S))]
@@ -106,6 +112,8 @@ class Torchrun(Launcher):
         nnodes = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
         xla = f", PJRT_DEVICE={accel.pjrt_device}, one process per chip" if accel.xla else ""
         where = ", torch's elastic agent inside the entrypoint" if self.in_process else ""
+        if c.job_store:
+            return f"torchrun --nnodes={nnodes} (rendezvous on {self.endpoint}, which no node hosts{xla}{where})"
         return f"torchrun --nnodes={nnodes} (c10d rendezvous at {self.endpoint}{xla}{where})"
 
     def open_despite_secret(self) -> list[str]:
@@ -135,6 +143,8 @@ class Torchrun(Launcher):
         workers_stores = bool(placement.store_endpoint) and self.in_process
         if workers_stores:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"        # torch serves no store of its own
+        backend, endpoint = ("etcd-v3", ",".join(c.job_store)) if c.job_store else \
+            ("c10d", placement.store_endpoint or self.endpoint)
         me = placement.me
         # The address the others reach this node at (torchrun's default, the FQDN, may not
         # resolve elsewhere). torchrun orders the nodes by these addresses; a fixed-size job
@@ -142,9 +152,9 @@ class Torchrun(Launcher):
         # master: agent._in_job_order); elastic jobs keep torchrun's order.
         return TorchrunLaunch(
             nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
-            rdzv_endpoint=placement.store_endpoint or self.endpoint,
-            workers_stores=workers_stores,
-            rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after),
+            rdzv_endpoint=endpoint, rdzv_backend=backend, workers_stores=workers_stores,
+            rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after, backend,
+                                      c.peer_timeout),
             local_addr=me.addr if me else None,
             node_rank=None if c.elastic or not self.in_process else placement.node_rank, **common)
 

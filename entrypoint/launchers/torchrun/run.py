@@ -17,7 +17,6 @@ import logging
 import sys
 
 from ...running.outcome import Outcome, signal_code, signal_name
-from . import etcd_rendezvous
 from .node_ids import distinct_node_ids
 
 LABEL = "torchrun"
@@ -47,9 +46,11 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from .etcd_rendezvous import register as register_etcd_backend
+
     quiet_warnings()
     distinct_node_ids()
-    etcd_rendezvous.register()
+    register_etcd_backend()                    # --rdzv-backend=etcd-v3 (JOB_STORE)
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:

@@ -1,0 +1,92 @@
+"""A job whose nodes meet on etcd (JOB_STORE), through the entrypoint: three nodes on
+loopback, none of them a master, the bundled elastic example. Losing the node that runs
+global rank 0 leaves a job that goes on with the other two, from the step it reached;
+bad store addresses are one line, exit 2, before anything starts."""
+
+import http.server
+import re
+import threading
+import time
+import uuid
+
+import pytest
+
+from testing.cluster import Node, base_env, wait_for_any
+from testing.etcd import EtcdCluster, etcd_binary
+from testing.ports import free_port
+from testing.processes import ROOT, entrypoint, run
+from testing.results import results
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(etcd_binary() is None, reason="no etcd: apt-get install etcd-server")]
+
+LONG = ["--steps", "300", "--step-delay", "0.05", "--checkpoint-every", "1000"]
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    with EtcdCluster(tmp_path / "etcd") as cluster:
+        yield cluster
+
+
+def store_url(etcd: EtcdCluster) -> str:
+    return "etcd://" + ",".join(e.split("://")[1] for e in etcd.endpoints)
+
+
+def peers(jobs, tmp_path, etcd, count: int, **env) -> list[Node]:
+    """`count` nodes of one job on etcd, each alike: no ROLE, no MASTER_ADDR, no NODE_RANK."""
+    node_env = base_env(tmp_path, ENTRYPOINT=str(ROOT / "examples" / "pytorch_elastic.py"), JOB_STORE=store_url(etcd),
+                        RUN_ID=f"job-{uuid.uuid4().hex[:8]}", MIN_NODES="2", MAX_NODES="3", MAX_RESTARTS="3",
+                        **env)
+    return [jobs.track(Node(node_env, LONG, tmp_path / f"node{k}.log")) for k in range(count)]
+
+
+def test_a_job_on_etcd_goes_on_without_the_node_that_ran_global_rank_0(jobs, tmp_path, etcd):
+    job = peers(jobs, tmp_path, etcd, 3)
+    wait_for_any(job, "step 40 loss", 180)
+    [first] = [n for n in job if "step 40 loss" in n.output]
+    first.kill_tree()
+    survivors = [n for n in job if n is not first]
+    assert [n.wait(240) for n in survivors] == [0, 0], "\n".join(n.output[-3000:] for n in survivors)
+    output = "\n".join(n.output for n in survivors)
+    [resumed] = re.findall(r"ELASTIC first step at world size 2 \(resumed from step (\d+)\)", output)
+    assert int(resumed) >= 40
+    found = results(output)
+    assert sorted(r.rank for r in found) == [0, 1] and all(r.world == 2 for r in found)
+    assert len(re.findall(r"rendezvous: 2 node\(s\), this one has group rank \d \(was 3: a node left or was lost\)",
+                          output)) == 2                  # the loss, one line on each survivor
+    assert "master" not in output.lower(), output[-3000:]
+
+
+class NotEtcd(http.server.BaseHTTPRequestHandler):
+    """Some other HTTP server where JOB_STORE points: 404 for every path."""
+
+    def do_POST(self):
+        self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def not_etcd():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotEtcd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def start_one(tmp_path, store: str) -> tuple[int, str, float]:
+    env = base_env(tmp_path, ENTRYPOINT=str(ROOT / "examples" / "pytorch_elastic.py"), JOB_STORE=store,
+                   MIN_NODES="1", MAX_NODES="2", MAX_RESTARTS="1", RDZV_TIMEOUT="2")
+    return run(entrypoint(), env, timeout=60)
+
+
+def test_a_store_that_is_not_there_or_not_etcd_v3_is_one_line_and_exit_2(tmp_path, not_etcd):
+    closed = f"127.0.0.1:{free_port()}"
+    for store, why in ((f"etcd://{closed}", f"no job store at JOB_STORE=etcd://{closed} after RDZV_TIMEOUT=2s"),
+                       (f"etcd://{not_etcd}", "answers HTTP 404: not etcd's v3 API")):
+        t0 = time.monotonic()
+        code, output, _ = start_one(tmp_path, store)
+        errors = [line for line in output.splitlines() if why in line]
+        assert code == 2 and len(errors) == 1, output
+        assert "starting" not in output and time.monotonic() - t0 < 30, output
