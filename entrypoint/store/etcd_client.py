@@ -96,7 +96,8 @@ class EtcdClient:
         answers or `deadline` (default: the operation's timeout from now)."""
         import urllib3
 
-        deadline = deadline if deadline is not None else time.monotonic() + self.op_timeout_s
+        started = time.monotonic()
+        deadline = deadline if deadline is not None else started + self.op_timeout_s
         last = "no attempt"
         payload = json.dumps(body).encode()
         while True:
@@ -118,7 +119,8 @@ class EtcdClient:
                                   f"later serves it on each member's client port)")
                 last = f"{self.endpoints[at]}: HTTP {reply.status} {reply.data[:200].decode(errors='replace')}"
             if time.monotonic() >= deadline:
-                raise StoreGone(f"etcd at {self.endpoint} did not answer: {last}")
+                raise StoreGone(f"{self.name} did not answer for {time.monotonic() - started:.0f}s "
+                                f"(quorum lost, or cut off?); last: {last}")
             time.sleep(RETRY_S)
 
     def range(self, key: bytes) -> Entry | None:

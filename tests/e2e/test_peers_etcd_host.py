@@ -90,3 +90,23 @@ def test_a_store_that_is_not_there_or_not_etcd_v3_is_one_line_and_exit_2(tmp_pat
         errors = [line for line in output.splitlines() if why in line]
         assert code == 2 and len(errors) == 1, output
         assert "starting" not in output and time.monotonic() - t0 < 30, output
+
+
+def test_losing_etcds_quorum_stops_every_node_in_one_line_and_the_job_resumes_once_it_is_back(jobs, tmp_path, etcd):
+    job = peers(jobs, tmp_path, etcd, 2, PEER_TIMEOUT="3")
+    wait_for_any(job, "step 40 loss", 180)
+    down = [name for name in list(etcd.procs)[:2]]
+    for name in down:                                 # two of three: no quorum
+        etcd.stop(name)
+    codes = [n.wait(90) for n in job]
+    output = "\n".join(n.output for n in job)
+    assert all(code != 0 for code in codes), output[-3000:]
+    lost = re.findall(r"lost the rendezvous store: etcd://\S+ did not answer for \d+s", output)
+    assert len(lost) == 2, output[-4000:]             # one line on each node
+    for name in down:
+        etcd.start(name)
+    again = [jobs.track(Node(n.env, LONG, tmp_path / f"again{k}.log")) for k, n in enumerate(job)]
+    assert [n.wait(240) for n in again] == [0, 0], "\n".join(n.output[-3000:] for n in again)
+    [resumed] = re.findall(r"ELASTIC first step at world size 2 \(resumed from step (\d+)\)",
+                           "\n".join(n.output for n in again))
+    assert int(resumed) >= 40                         # from the checkpoint the stopped job left

@@ -221,6 +221,8 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
         handler = _in_job_order(handler, node_rank, config.local_addr, stores)
     if say is not None and config.rdzv_backend == "etcd-v3":      # no master logs the rounds
         handler = _saying_rounds(handler, say)
+        # Its warnings of failed keep-alives: a store that stays lost ends the node in one line.
+        logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.ERROR)
     spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=program, args=tuple(args),
                       rdzv_handler=handler, max_restarts=config.max_restarts,
                       monitor_interval=config.monitor_interval, local_addr=config.local_addr)
@@ -295,8 +297,13 @@ class InProcessTorchrun:
                     spec.rdzv_handler.shutdown()
             self._result = self._outcome(result)
         except BaseException as exc:          # noqa: BLE001 - the node's outcome, whatever ended the agent
+            from .etcd_rendezvous import StoreLost
+
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            if isinstance(exc, StoreLost):      # JOB_STORE's quorum lost: poll() says this one line
+                self._result = Outcome.lost(text)
+                return
             if self._stop["signum"] is None:
-                text = str(exc).splitlines()[0] if str(exc) else ""
                 self.log.say(f"{AGENT_LABEL}: {type(exc).__name__}: {text}", error=True)
             self._result = Outcome.failed(f"{AGENT_LABEL} failed: {type(exc).__name__}", 1)
         finally:

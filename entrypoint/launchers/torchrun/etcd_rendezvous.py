@@ -51,11 +51,34 @@ def _bytes(value) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+class StoreLost(RendezvousConnectionError):
+    """No member of the cluster answered within the operation's timeout: the node stops."""
+
+
+class _Guarded:
+    """The client, each call raising StoreLost (torch's own connection error) for StoreGone."""
+
+    def __init__(self, client: EtcdClient):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        found = getattr(self._client, name)
+        if not callable(found):
+            return found
+
+        def call(*args):
+            try:
+                return found(*args)
+            except StoreGone as exc:
+                raise StoreLost(f"lost the rendezvous store: {exc}") from None
+        return call
+
+
 class EtcdRendezvousBackend(RendezvousBackend):
     """The rendezvous state as one key; its token, the key's mod_revision."""
 
     def __init__(self, client: EtcdClient, run_id: str):
-        self.client = client
+        self.client = _Guarded(client)
         self.key = _root(run_id) + b"state"
 
     @property
@@ -63,23 +86,17 @@ class EtcdRendezvousBackend(RendezvousBackend):
         return BACKEND
 
     def get_state(self) -> tuple[bytes, int] | None:
-        found = self._call(self.client.range, self.key)
+        found = self.client.range(self.key)
         return (found.value, found.mod_revision) if found is not None else None
 
     def set_state(self, state: bytes, token=None) -> tuple[bytes, int, bool] | None:
         unchanged = wire.unchanged_since(self.key, token) if isinstance(token, int) else wire.absent(self.key)
-        done, revision, responses = self._call(self.client.txn, [unchanged], [self.client.put_op(self.key, state)],
-                                               [wire.get(self.key)])
+        done, revision, responses = self.client.txn([unchanged], [self.client.put_op(self.key, state)],
+                                                     [wire.get(self.key)])
         if done:
             return state, revision, True
         found = wire.ranged(responses)
         return (found.value, found.mod_revision, False) if found is not None else None
-
-    def _call(self, operation, *args):
-        try:
-            return operation(*args)
-        except StoreGone as exc:
-            raise RendezvousConnectionError(f"the rendezvous store is gone: {exc}") from None
 
 
 class EtcdStore(dist.Store):
@@ -87,7 +104,7 @@ class EtcdStore(dist.Store):
 
     def __init__(self, client: EtcdClient, run_id: str, timeout: dt.timedelta):
         super().__init__()
-        self.client = client
+        self.client = _Guarded(client)
         self.root = _root(run_id) + b"kv/"
         self.set_timeout(timeout)
 
