@@ -201,8 +201,8 @@ VARIABLES = (
     Var("MASTER_PORT", PORT, "29500", "the job store on the master (torchrun's c10d rendezvous uses it too)"),
     Var("JOB_STORE", Text(r"^etcd://.+$", "allowed: etcd://HOST:PORT[,HOST:PORT...]"), None,
         "`etcd://HOST:PORT[,HOST:PORT...]`: the job store and torchrun's rendezvous on an etcd v3 "
-        "cluster instead of the master, so that no node is special and the job survives losing "
-        "any node, the first included; elastic PyTorch (`MIN_NODES`/`MAX_NODES`, `LAUNCHER=native`) "
+        "cluster instead of the master, so that no node is special and an elastic job survives "
+        "losing any node, the first included; PyTorch under torchrun (`LAUNCHER=native`), "
         "without `ROLE`, `NODE_RANK`, `MASTER_ADDR` (docs/rendezvous.md)"),
     Var("ACCELERATOR", Choice(ACCELERATORS, "accelerators"), "auto",
         
@@ -467,12 +467,14 @@ def external_job_store(v: Values, env: dict) -> Values:
     if v["TRAIN_MODE"] == "local":
         raise _fail("TRAIN_MODE", env["TRAIN_MODE"], "JOB_STORE is where several nodes meet; allowed with it: "
                                                      "distributed")
-    if v["MIN_NODES"] is None or v["FRAMEWORK"] != "pytorch" or v["LAUNCHER"] != "native":
-        raise ConfigError(f"JOB_STORE={env['JOB_STORE']!r}: an external job store runs elastic PyTorch "
-                          f"(FRAMEWORK=pytorch, LAUNCHER=native, MIN_NODES and MAX_NODES) so far, got "
-                          f"FRAMEWORK={v['FRAMEWORK']} LAUNCHER={v['LAUNCHER']}"
-                          f"{'' if v['MIN_NODES'] is not None else ' without MIN_NODES/MAX_NODES'}; other jobs "
-                          f"meet through their master (MASTER_ADDR, ROLE): docs/rendezvous.md")
+    if v["FRAMEWORK"] != "pytorch" or v["LAUNCHER"] != "native":
+        raise ConfigError(f"JOB_STORE={env['JOB_STORE']!r}: an external job store runs PyTorch under torchrun "
+                          f"(FRAMEWORK=pytorch, LAUNCHER=native) so far, got FRAMEWORK={v['FRAMEWORK']} "
+                          f"LAUNCHER={v['LAUNCHER']}; other jobs meet through their master (MASTER_ADDR, ROLE): "
+                          f"docs/rendezvous.md")
+    if v["MIN_NODES"] is None and v["NUM_NODES"] < 2:
+        raise _fail("NUM_NODES", env.get("NUM_NODES", "1"), "JOB_STORE is where several nodes meet; allowed: "
+                                                            "2 or more, or MIN_NODES and MAX_NODES")
     if v["JOB_SECRET"] is not None or v["JOB_SECRET_FILE"] is not None:
         raise ConfigError(f"JOB_SECRET with JOB_STORE={env['JOB_STORE']!r}: the secret's TLS is not carried to "
                           f"etcd yet; secure etcd itself (client certificates, a private network: "

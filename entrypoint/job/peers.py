@@ -70,7 +70,8 @@ class PeerJob:
         for warning in where.warnings:
             self.log.say(f"WARNING: {warning}")
         me = NodeInfo(node_rank, where.addr, launcher.nproc)
-        self.log.say(f"node {node_rank} (in order of arrival) of {c.min_nodes}:{c.max_nodes}: address {where.addr}, "
+        nodes = f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes)
+        self.log.say(f"node {node_rank} (in order of arrival) of {nodes}: address {where.addr}, "
                      f"interface {where.iface or '(auto)'}, {launcher.nproc} process(es)")
         placement = Placement(node_rank, (me,), iface=where.iface, master_port=c.master_port)
         return JoinedJob(placement, None, c, self.log, self.signals)

@@ -34,9 +34,9 @@ def store_url(etcd: EtcdCluster) -> str:
 
 def peers(jobs, tmp_path, etcd, count: int, **env) -> list[Node]:
     """`count` nodes of one job on etcd, each alike: no ROLE, no MASTER_ADDR, no NODE_RANK."""
-    node_env = base_env(tmp_path, ENTRYPOINT=str(ROOT / "examples" / "pytorch_elastic.py"), JOB_STORE=store_url(etcd),
-                        RUN_ID=f"job-{uuid.uuid4().hex[:8]}", MIN_NODES="2", MAX_NODES="3", MAX_RESTARTS="3",
-                        **env)
+    settings = dict(ENTRYPOINT=str(ROOT / "examples" / "pytorch_elastic.py"), JOB_STORE=store_url(etcd),
+                    RUN_ID=f"job-{uuid.uuid4().hex[:8]}", MIN_NODES="2", MAX_NODES="3", MAX_RESTARTS="3")
+    node_env = {k: v for k, v in base_env(tmp_path, **{**settings, **env}).items() if v != ""}
     return [jobs.track(Node(node_env, LONG, tmp_path / f"node{k}.log")) for k in range(count)]
 
 
@@ -110,3 +110,11 @@ def test_losing_etcds_quorum_stops_every_node_in_one_line_and_the_job_resumes_on
     [resumed] = re.findall(r"ELASTIC first step at world size 2 \(resumed from step (\d+)\)",
                            "\n".join(n.output for n in again))
     assert int(resumed) >= 40                         # from the checkpoint the stopped job left
+
+
+def test_a_fixed_size_job_meets_on_etcd_and_trains_to_the_end(jobs, tmp_path, etcd):
+    job = peers(jobs, tmp_path, etcd, 2, MIN_NODES="", MAX_NODES="", MAX_RESTARTS="0", NUM_NODES="2",
+                ENTRYPOINT=str(ROOT / "examples" / "pytorch_ddp.py"))
+    assert [n.wait(180) for n in job] == [0, 0], "\n".join(n.output[-3000:] for n in job)
+    found = results("\n".join(n.output for n in job))
+    assert sorted(r.rank for r in found) == [0, 1] and len({r.digest for r in found}) == 1

@@ -241,6 +241,8 @@ def test_a_job_on_etcd_needs_no_master_role_or_address():
     c = config(**ON_ETCD)
     assert c.job_store == ("http://e1:2379", "http://10.0.0.2:2379")
     assert (c.train_mode, c.role, c.node_rank, c.master_addr) == ("distributed", "peer", None, "")
+    fixed = config(JOB_STORE="etcd://e1:2379", NUM_NODES=2)
+    assert (fixed.train_mode, fixed.role, fixed.elastic) == ("distributed", "peer", False)
 
 
 @pytest.mark.parametrize("env, names, allowed", [
@@ -253,8 +255,10 @@ def test_a_job_on_etcd_needs_no_master_role_or_address():
     (dict(MASTER_ADDR="10.0.0.1"), "MASTER_ADDR='10.0.0.1': not used with JOB_STORE", "unset it"),
     (dict(NODE_RANK="0"), "NODE_RANK='0': not used with JOB_STORE", "unset it"),
     (dict(TRAIN_MODE="local"), "TRAIN_MODE='local'", "allowed with it: distributed"),
-    (dict(MIN_NODES="", MAX_NODES=""), "without MIN_NODES/MAX_NODES", "elastic PyTorch"),
-    (dict(LAUNCHER="horovod", MAX_RESTARTS=0), "LAUNCHER=horovod", "elastic PyTorch"),
+    (dict(MIN_NODES="", MAX_NODES=""), "NUM_NODES='1'", "2 or more, or MIN_NODES and MAX_NODES"),
+    (dict(LAUNCHER="horovod", MAX_RESTARTS=0), "LAUNCHER=horovod", "PyTorch under torchrun"),
+    (dict(FRAMEWORK="tensorflow", MIN_NODES="", MAX_NODES="", MAX_RESTARTS=0, NUM_NODES=2), "FRAMEWORK=tensorflow",
+     "PyTorch under torchrun"),
     (dict(JOB_SECRET="0123456789abcdef0123456789abcdef"), "JOB_SECRET with JOB_STORE", "secure etcd itself"),
 ])
 def test_bad_job_store_settings_are_one_line(env, names, allowed):

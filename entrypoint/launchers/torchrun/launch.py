@@ -131,11 +131,11 @@ class Torchrun(Launcher):
                       script=c.entrypoint, args=tuple(c.script_args))
         if self.mode == "local":
             return TorchrunLaunch(standalone=True, **common)
-        if c.elastic or c.max_restarts:
+        if c.elastic or c.max_restarts or c.job_store:
             # torch >= 2.4 shares the rendezvous store with the workers and builds its address
             # once per agent: a node joining a later round then waits for a MASTER_ADDR that
             # rank 0 never writes again (pytorch/pytorch#135712). Rounds after the first need
-            # torch's opt-out.
+            # torch's opt-out. On JOB_STORE too: no node's agent then serves the workers' store.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         # Behind JOB_SECRET, this node reaches the job store through its tunnel, and the
         # workers' torch.distributed store is a fresh one per round on the master, behind its
@@ -156,7 +156,7 @@ class Torchrun(Launcher):
             rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after, backend,
                                       c.peer_timeout),
             local_addr=me.addr if me else None,
-            node_rank=None if c.elastic or not self.in_process else placement.node_rank, **common)
+            node_rank=None if c.elastic or c.job_store or not self.in_process else placement.node_rank, **common)
 
     def processes(self, plan, placement) -> list[ProcessSpec]:
         launch = self.launch(plan, placement)
