@@ -2,8 +2,8 @@
 replicated store outside the job, so no node hosts it. The wire, and how a member that is
 down or stalls is left for the next, is etcd_client.py's.
 
-Not yet selectable: JOB_STORE, leases for heartbeats and TLS to etcd are the next steps of
-issue 36 (torchrun's rendezvous on etcd is launchers/torchrun/etcd_rendezvous.py).
+JOB_STORE selects it (job/peers.py); torchrun's rendezvous on the same cluster is
+launchers/torchrun/etcd_rendezvous.py. TLS to etcd is not there yet (docs/rendezvous.md).
 
 A write retried on another member may have landed on the first after all. `set` and
 `compare_set` are the same when repeated; `add` records each call's result under a key
