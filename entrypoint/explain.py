@@ -36,6 +36,10 @@ def watches(c) -> str:
 def control_plane(plan: NodePlan) -> str:
     """Who can talk to the job's control plane (docs/security.md)."""
     c = plan.config
+    if c.job_store:
+        return ("open: JOB_STORE speaks plain HTTP to etcd (no JOB_SECRET with it yet): anyone who reaches etcd's "
+                "client port can join or stop the job; keep etcd on a network only the job's nodes reach "
+                "(docs/rendezvous.md)")
     if not c.has_secret:
         return "open: no JOB_SECRET, anyone who reaches MASTER_PORT can join, stop or run code in the job"
     source = "JOB_SECRET_FILE" if c.job_secret_file else "JOB_SECRET"

@@ -3,7 +3,7 @@ node is the master, none hosts anything the others need, and the first to arrive
 good as any other.
 
     with PeerJob(plan, log, signals) as job:
-        joined = job.join()        # the store reached (ConfigError after RDZV_TIMEOUT), a node number
+        joined = job.join()        # the store reached (else ConfigError: exit 2), a node number
 
 The node checks that the store answers as etcd v3, takes the next node number (the order
 of arrival, for its log lines; torch's rendezvous gives the ranks, round by round) and
@@ -49,6 +49,8 @@ class PeerJob:
     def join(self) -> JoinedJob:
         c, launcher = self.config, self.plan.launcher
         self.log.say(f"joining the job {c.run_id} at {launcher.endpoint} (no node hosts it)")
+        self.log.say("WARNING: anyone who reaches etcd's client port can join or stop this job: keep etcd on a "
+                     "network only the job's nodes reach (docs/rendezvous.md)")
         try:
             self.store.connect(time.monotonic() + c.rdzv_timeout, cancelled=lambda: self.signals.received is not None)
             if self.signals.received is not None:

@@ -264,3 +264,4 @@ def test_a_job_on_etcd_needs_no_master_role_or_address():
 def test_bad_job_store_settings_are_one_line(env, names, allowed):
     message = error(**{**ON_ETCD, **env})
     assert names in message and allowed in message, message
+

@@ -121,3 +121,13 @@ def test_dry_run_of_a_program_and_of_a_forced_script_argument(tmp_path):
     assert result.returncode == 0 and "runs:  sh -c true" in result.stdout and "OMP_NUM_THREADS=" in result.stdout
     result = entrypoint(env, "--dry-run", "--", "sh")
     assert result.returncode == 0 and re.search(r"entrypoint.launchers.torchrun.run .*train\.py sh$", result.stdout, re.M)
+
+
+def test_the_dry_run_of_a_job_on_etcd_says_no_node_hosts_it_and_who_can_reach_it():
+    result = entrypoint({"JOB_STORE": "etcd://e1:2379,10.0.0.2:2379", "MIN_NODES": "1", "MAX_NODES": "3",
+                         "MAX_RESTARTS": "3"}, "--dry-run")
+    out = result.stdout
+    assert result.returncode == 0, result.stderr
+    assert "role=peer" in out and "which no node hosts" in out
+    assert "--rdzv-backend=etcd-v3 --rdzv-endpoint=http://e1:2379,http://10.0.0.2:2379" in out
+    assert "anyone who reaches etcd's client port" in out and "MASTER_PORT" not in out

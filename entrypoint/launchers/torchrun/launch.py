@@ -64,8 +64,8 @@ class TorchrunLaunch:
             argv.append("--standalone")
         else:
             conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf)
-            argv += [f"--nnodes={self.nnodes}", f"--rdzv-backend={self.rdzv_backend}", f"--rdzv-endpoint={self.rdzv_endpoint}",
-                     f"--rdzv-conf={conf}"]
+            argv += [f"--nnodes={self.nnodes}", f"--rdzv-backend={self.rdzv_backend}",
+                     f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-conf={conf}"]
             if self.local_addr:
                 argv.append(f"--local-addr={self.local_addr}")
         argv += [self.script] if self.script.endswith(".py") else ["--no-python", self.script]
