@@ -21,7 +21,8 @@ class HorovodElastic(ServesOnHorovodPort, Launcher):
     def describe(self) -> str:
         c = self.config
         return (f"Horovod elastic, no SSH: Horovod's ElasticDriver on the master, {c.min_nodes}:"
-                f"{c.max_nodes} nodes from the job store")
+                f"{c.max_nodes} nodes from the job store; the job goes on without any worker, not "
+                f"without the master, where the driver lives (docs/rendezvous.md)")
 
     def open_despite_secret(self) -> list[str]:
         return ["the workers' notification services, which Horovod's driver calls on each node (they check "
