@@ -37,9 +37,14 @@ def control_plane(plan: NodePlan) -> str:
     """Who can talk to the job's control plane (docs/security.md)."""
     c = plan.config
     if c.job_store:
-        return ("open: JOB_STORE speaks plain HTTP to etcd (no JOB_SECRET with it yet): anyone who reaches etcd's "
-                "client port can join or stop the job; keep etcd on a network only the job's nodes reach "
-                "(docs/rendezvous.md)")
+        if c.job_store_cert:
+            return ("TLS to etcd with a client certificate (JOB_STORE_CERT): only nodes with a certificate etcd "
+                    "trusts reach the job store and the rendezvous; not covered: the workers' own torch.distributed "
+                    "store (served by global rank 0's process, on every interface of its node)")
+        how = "over TLS (JOB_STORE_CA) without a client certificate" if c.job_store_ca else "in plain HTTP"
+        return (f"open: JOB_STORE speaks to etcd {how}: anyone who reaches etcd's client port can join or stop "
+                f"the job; keep etcd on a network only the job's nodes reach, or give it client certificates "
+                f"(JOB_STORE_CERT; docs/rendezvous.md)")
     if not c.has_secret:
         return "open: no JOB_SECRET, anyone who reaches MASTER_PORT can join, stop or run code in the job"
     source = "JOB_SECRET_FILE" if c.job_secret_file else "JOB_SECRET"

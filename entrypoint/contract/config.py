@@ -204,6 +204,13 @@ VARIABLES = (
         "cluster instead of the master, so that no node is special and an elastic job survives "
         "losing any node, the first included; PyTorch under torchrun (`LAUNCHER=native`), "
         "without `ROLE`, `NODE_RANK`, `MASTER_ADDR` (docs/rendezvous.md)"),
+    Var("JOB_STORE_CA", Text(r"^/[^,]+$", "must be an absolute path without ','"), None,
+        "`JOB_STORE` over TLS: the CA file (PEM) that signed the etcd members' certificates"),
+    Var("JOB_STORE_CERT", Text(r"^/[^,]+$", "must be an absolute path without ','"), None,
+        "with `JOB_STORE_KEY`: this node's client certificate (PEM), for an etcd that asks for one "
+        "(`--client-cert-auth`)"),
+    Var("JOB_STORE_KEY", Text(r"^/[^,]+$", "must be an absolute path without ','"), None,
+        "the key of `JOB_STORE_CERT` (PEM, unencrypted)"),
     Var("ACCELERATOR", Choice(ACCELERATORS, "accelerators"), "auto",
         
         '`auto` (a TPU if the host has one and the image is `tpu`, else visible GPUs, else '
@@ -392,7 +399,10 @@ class Config:
     straggler_window: int = 60
     cache_dir: str = "/app/cache"
     s3_addressing_style: str | None = None
-    job_store: tuple[str, ...] | None = None  # JOB_STORE: each etcd member's client URL (http://host:port)
+    job_store: tuple[str, ...] | None = None  # JOB_STORE: each etcd member's client URL (http(s)://host:port)
+    job_store_ca: str | None = None
+    job_store_cert: str | None = None
+    job_store_key: str | None = None
     data_url: BucketUrl | None = None        # DATA_DIR=s3://...: data_dir is its node-local copy
     checkpoint_url: BucketUrl | None = None  # CHECKPOINT_DIR=s3://...: checkpoint_dir is its local folder
     job_secret: str | None = field(default=None, repr=False)   # read through secret.read_secret
@@ -454,12 +464,24 @@ def elastic_bounds(v: Values, env: dict) -> Values:
 def external_job_store(v: Values, env: dict) -> Values:
     """JOB_STORE: the members of an etcd cluster, where every node meets the others; no
     node is the master, so ROLE, NODE_RANK and MASTER_ADDR have no meaning (role "peer")."""
+    tls = {name: v[name] for name in ("JOB_STORE_CA", "JOB_STORE_CERT", "JOB_STORE_KEY") if v[name] is not None}
     if v["JOB_STORE"] is None:
+        for name, value in tls.items():
+            raise _fail(name, value, "only JOB_STORE uses it; set JOB_STORE, or unset it")
         return {}
     try:
         members = parse_store_url(v["JOB_STORE"])
     except UrlError as exc:
         raise _fail("JOB_STORE", env["JOB_STORE"], str(exc)) from None
+    if ("JOB_STORE_CERT" in tls) != ("JOB_STORE_KEY" in tls):
+        given, missing = ("JOB_STORE_CERT", "JOB_STORE_KEY") if "JOB_STORE_CERT" in tls else \
+            ("JOB_STORE_KEY", "JOB_STORE_CERT")
+        raise _fail(given, tls[given], f"a client certificate needs its key: set {missing} too")
+    if "JOB_STORE_CERT" in tls and "JOB_STORE_CA" not in tls:
+        raise _fail("JOB_STORE_CERT", tls["JOB_STORE_CERT"], "a client certificate is for TLS: set JOB_STORE_CA "
+                                                             "(the CA of etcd's members) too")
+    if "JOB_STORE_CA" in tls:
+        members = tuple(url.replace("http://", "https://", 1) for url in members)
     for name in ("ROLE", "NODE_RANK", "MASTER_ADDR"):
         if env.get(name, "").strip():
             raise _fail(name, env[name], "not used with JOB_STORE, where every node is equal (the first to "
@@ -476,9 +498,10 @@ def external_job_store(v: Values, env: dict) -> Values:
         raise _fail("NUM_NODES", env.get("NUM_NODES", "1"), "JOB_STORE is where several nodes meet; allowed: "
                                                             "2 or more, or MIN_NODES and MAX_NODES")
     if v["JOB_SECRET"] is not None or v["JOB_SECRET_FILE"] is not None:
-        raise ConfigError(f"JOB_SECRET with JOB_STORE={env['JOB_STORE']!r}: the secret's TLS is not carried to "
-                          f"etcd yet; secure etcd itself (client certificates, a private network: "
-                          f"docs/rendezvous.md) and unset JOB_SECRET/JOB_SECRET_FILE")
+        raise ConfigError(f"JOB_SECRET with JOB_STORE={env['JOB_STORE']!r}: the secret's TLS covers the master's "
+                          f"store, which this job has none of; secure etcd itself with client certificates "
+                          f"(JOB_STORE_CA, JOB_STORE_CERT, JOB_STORE_KEY: docs/rendezvous.md) and unset "
+                          f"JOB_SECRET/JOB_SECRET_FILE")
     return {"JOB_STORE": members, "TRAIN_MODE": "distributed", "ROLE": "peer", "MASTER_ADDR": ""}
 
 

@@ -18,6 +18,7 @@ torch's elastic agent does).
 
 from __future__ import annotations
 
+import os
 import time
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from ..machine import hardware
 from ..running.log import Log
 from ..running.signals import Signals
 from ..store.etcd import EtcdJobStore
+from ..store.etcd_client import EtcdTls
 from ..store.transport import RendezvousError, StoreGone
 from .join import JoinedJob, NotJoined
 from .members import Members
@@ -33,12 +35,21 @@ from .placement import NodeInfo, Placement
 from .watch import stop_outcome
 
 
+def store_tls(c) -> EtcdTls | None:
+    """JOB_STORE_CA (and a client certificate): TLS to etcd; ConfigError for a missing file."""
+    files = {"JOB_STORE_CA": c.job_store_ca, "JOB_STORE_CERT": c.job_store_cert, "JOB_STORE_KEY": c.job_store_key}
+    for name, path in files.items():
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{name}={path!r}: no such file")
+    return EtcdTls(c.job_store_ca, c.job_store_cert, c.job_store_key) if c.job_store_ca else None
+
+
 class PeerJob:
     def __init__(self, plan, log: Log, signals: Signals):
         c = plan.config
         self.plan, self.config, self.log, self.signals = plan, c, log, signals
         self.store = EtcdJobStore(list(c.job_store), c.run_id, timeout_s=c.rdzv_timeout, op_timeout_s=c.peer_timeout,
-                                  lease_ttl_s=c.peer_timeout)
+                                  lease_ttl_s=c.peer_timeout, tls=store_tls(c))
 
     def __enter__(self) -> "PeerJob":
         return self
@@ -49,8 +60,10 @@ class PeerJob:
     def join(self) -> JoinedJob:
         c, launcher = self.config, self.plan.launcher
         self.log.say(f"joining the job {c.run_id} at {launcher.endpoint} (no node hosts it)")
-        self.log.say("WARNING: anyone who reaches etcd's client port can join or stop this job: keep etcd on a "
-                     "network only the job's nodes reach (docs/rendezvous.md)")
+        if c.job_store_cert is None:
+            self.log.say("WARNING: anyone who reaches etcd's client port can join or stop this job: keep etcd on a "
+                         "network only the job's nodes reach, or give it client certificates (JOB_STORE_CERT; "
+                         "docs/rendezvous.md)")
         try:
             self.store.connect(time.monotonic() + c.rdzv_timeout, cancelled=lambda: self.signals.received is not None)
             if self.signals.received is not None:

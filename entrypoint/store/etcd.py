@@ -2,8 +2,8 @@
 replicated store outside the job, so no node hosts it. The wire, and how a member that is
 down or stalls is left for the next, is etcd_client.py's.
 
-JOB_STORE selects it (job/peers.py); torchrun's rendezvous on the same cluster is
-launchers/torchrun/etcd_rendezvous.py. TLS to etcd is not there yet (docs/rendezvous.md).
+JOB_STORE selects it (job/peers.py), JOB_STORE_CA/_CERT/_KEY its TLS; torchrun's
+rendezvous on the same cluster is launchers/torchrun/etcd_rendezvous.py.
 
 A write retried on another member may have landed on the first after all. `set` and
 `compare_set` are the same when repeated; `add` records each call's result under a key
@@ -17,18 +17,19 @@ import uuid
 from typing import Callable
 
 from . import etcd_client as wire
-from .etcd_client import EtcdClient, NotEtcd
+from .etcd_client import EtcdClient, EtcdTls, Refused
 from .transport import JobStore, RendezvousError, StoreGone, job_prefix
 
 
 class EtcdJobStore(JobStore):
     def __init__(self, endpoints: list[str], run_id: str, timeout_s: float, op_timeout_s: float, identity=None,
-                 lease_ttl_s: int | None = None):
+                 lease_ttl_s: int | None = None, tls: EtcdTls | None = None):
         """endpoints: each member's client URL (http://host:port; TLS to etcd is a later step);
         timeout_s: how long to look for the store at start (RDZV_TIMEOUT); op_timeout_s:
         how long one operation may go unanswered by every member (PEER_TIMEOUT); lease_ttl_s:
-        this node's keys vanish that long after it died (etcd_client.py)."""
-        self.etcd = EtcdClient(endpoints, op_timeout_s, lease_ttl_s)
+        this node's keys vanish that long after it died (etcd_client.py); tls: etcd's CA and
+        this node's client certificate (https:// endpoints)."""
+        self.etcd = EtcdClient(endpoints, op_timeout_s, lease_ttl_s, tls)
         self.endpoint = self.etcd.endpoint
         self.prefix = job_prefix(run_id)
         self.timeout_s = timeout_s
@@ -55,12 +56,12 @@ class EtcdJobStore(JobStore):
                 return
             except StoreGone as exc:
                 last = str(exc).split(": ", 1)[-1]
-            except NotEtcd as exc:
+            except Refused as exc:
                 raise RendezvousError(f"JOB_STORE={self.etcd.name}: {exc}") from None
             if time.monotonic() >= deadline:
                 raise RendezvousError(f"no job store at JOB_STORE={self.etcd.name} after "
-                                      f"RDZV_TIMEOUT={self.timeout_s:g}s (is etcd running and its client port "
-                                      f"reachable?); last error: {last}")
+                                      f"RDZV_TIMEOUT={self.timeout_s:g}s (is etcd running, its client port "
+                                      f"reachable, and does it want TLS: JOB_STORE_CA?); last error: {last}")
 
     def close(self) -> None:
         self.etcd.close()

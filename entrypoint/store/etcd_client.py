@@ -23,6 +23,7 @@ import base64
 import json
 import threading
 import time
+from dataclasses import dataclass
 
 from .transport import StoreGone
 
@@ -30,8 +31,10 @@ RETRY_S = 0.1                       # between two rounds over the members
 STALL_S = 1.0                       # a member that holds a request longer is left for the next
 
 
-class NotEtcd(Exception):
-    """A member answered, but not as etcd's v3 gateway (another server, or etcd < 3.3)."""
+class Refused(Exception):
+    """A member answered, but this client cannot use it: not etcd's v3 gateway (another
+    server, or etcd < 3.3), or TLS failed (a CA that did not sign it, a client certificate
+    it does not take, or none where it asks for one). Trying again would not help."""
 
 
 def b64(data: bytes) -> str:
@@ -59,6 +62,18 @@ def get(key: bytes) -> dict:
     return {"requestRange": {"key": b64(key)}}
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd: the CA that signed the members' certificates, and this node's client
+    certificate and key where etcd asks for one (--client-cert-auth); PEM files."""
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def pool_options(self) -> dict:
+        return {"cert_reqs": "CERT_REQUIRED", "ca_certs": self.ca, "cert_file": self.cert, "key_file": self.key}
+
+
 class Entry:
     """A key's value and the revision that last changed it (etcd's KeyValue)."""
 
@@ -75,9 +90,10 @@ class EtcdClient:
     node that leaves may have written a key the others still read (torch's rendezvous
     state), which they rewrite with their own lease within a keep-alive interval."""
 
-    def __init__(self, endpoints: list[str], op_timeout_s: float, lease_ttl_s: int | None = None):
-        """endpoints: each member's client URL (http://host:port); op_timeout_s: how long one
-        operation may go unanswered by every member before StoreGone."""
+    def __init__(self, endpoints: list[str], op_timeout_s: float, lease_ttl_s: int | None = None,
+                 tls: EtcdTls | None = None):
+        """endpoints: each member's client URL (http://host:port, https:// with `tls`);
+        op_timeout_s: how long one operation may go unanswered by every member before StoreGone."""
         import urllib3
 
         self.lease_ttl_s = lease_ttl_s
@@ -89,7 +105,7 @@ class EtcdClient:
         self.name = "etcd://" + ",".join(e.split("://", 1)[-1] for e in self.endpoints)   # as JOB_STORE spells it
         self.op_timeout_s = op_timeout_s
         self._at = 0                        # the member that answered last
-        self._http = urllib3.PoolManager(retries=False)
+        self._http = urllib3.PoolManager(retries=False, **(tls.pool_options() if tls else {}))
 
     def post(self, path: str, body: dict, deadline: float | None = None) -> dict:
         """One call, to the member that answered last, then each other in turn, until one
@@ -108,6 +124,9 @@ class EtcdClient:
                     reply = self._http.request("POST", self.endpoints[at] + path, body=payload,
                                                headers={"Content-Type": "application/json"},
                                                timeout=urllib3.Timeout(connect=min(1.0, wait), read=wait))
+                except urllib3.exceptions.SSLError as exc:
+                    reason = str(exc.__context__ or exc).splitlines()[0][:300]
+                    raise Refused(f"TLS with {self.endpoints[at]} failed: {reason}") from None
                 except urllib3.exceptions.HTTPError as exc:
                     last = f"{self.endpoints[at]}: {type(exc).__name__}"
                     continue
@@ -115,7 +134,7 @@ class EtcdClient:
                     self._at = at
                     return json.loads(reply.data)
                 if reply.status == 404:
-                    raise NotEtcd(f"{self.endpoints[at]}{path} answers HTTP 404: not etcd's v3 API (etcd 3.3 or "
+                    raise Refused(f"{self.endpoints[at]}{path} answers HTTP 404: not etcd's v3 API (etcd 3.3 or "
                                   f"later serves it on each member's client port)")
                 last = f"{self.endpoints[at]}: HTTP {reply.status} {reply.data[:200].decode(errors='replace')}"
             if time.monotonic() >= deadline:
@@ -143,7 +162,7 @@ class EtcdClient:
             lease = self._lease
             try:
                 reply = self.post("/v3/lease/keepalive", {"ID": lease}).get("result", {})
-            except (StoreGone, NotEtcd):
+            except (StoreGone, Refused):
                 continue                         # the next tick tries again, until the TTL runs out
             if int(reply.get("TTL", 0)) <= 0:    # expired (this process froze longer): its keys are gone
                 with self._lease_lock:

@@ -112,9 +112,19 @@ def test_losing_etcds_quorum_stops_every_node_in_one_line_and_the_job_resumes_on
     assert int(resumed) >= 40                         # from the checkpoint the stopped job left
 
 
-def test_a_fixed_size_job_meets_on_etcd_and_trains_to_the_end(jobs, tmp_path, etcd):
-    job = peers(jobs, tmp_path, etcd, 2, MIN_NODES="", MAX_NODES="", MAX_RESTARTS="0", NUM_NODES="2",
-                ENTRYPOINT=str(ROOT / "examples" / "pytorch_ddp.py"))
-    assert [n.wait(180) for n in job] == [0, 0], "\n".join(n.output[-3000:] for n in job)
-    found = results("\n".join(n.output for n in job))
-    assert sorted(r.rank for r in found) == [0, 1] and len({r.digest for r in found}) == 1
+def test_a_fixed_size_job_meets_on_etcd_over_tls_with_client_certificates(jobs, tmp_path):
+    """etcd with --client-cert-auth (testing/etcd.py's CA and certificates): two nodes with
+    JOB_STORE_CA/_CERT/_KEY train to the end; a node without a client certificate is one
+    line and exit 2 at once."""
+    with EtcdCluster(tmp_path / "etcd-tls", members=1, tls=True) as etcd:
+        c = etcd.certificates
+        tls = dict(JOB_STORE_CA=str(c["ca"]), JOB_STORE_CERT=str(c["client_cert"]), JOB_STORE_KEY=str(c["client_key"]))
+        job = peers(jobs, tmp_path, etcd, 2, MIN_NODES="", MAX_NODES="", MAX_RESTARTS="0", NUM_NODES="2",
+                    ENTRYPOINT=str(ROOT / "examples" / "pytorch_ddp.py"), **tls)
+        assert [n.wait(180) for n in job] == [0, 0], "\n".join(n.output[-3000:] for n in job)
+        found = results("\n".join(n.output for n in job))
+        assert sorted(r.rank for r in found) == [0, 1] and len({r.digest for r in found}) == 1
+        assert "WARNING: anyone who reaches" not in job[0].output
+        code, output, took = run(entrypoint(), {**job[0].env, "JOB_STORE_CERT": "", "JOB_STORE_KEY": ""}, timeout=60)
+        assert code == 2 and took < 20, output
+        assert len([line for line in output.splitlines() if "TLS with https://127.0.0.1:" in line]) == 1, output

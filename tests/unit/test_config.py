@@ -241,6 +241,8 @@ def test_a_job_on_etcd_needs_no_master_role_or_address():
     c = config(**ON_ETCD)
     assert c.job_store == ("http://e1:2379", "http://10.0.0.2:2379")
     assert (c.train_mode, c.role, c.node_rank, c.master_addr) == ("distributed", "peer", None, "")
+    tls = config(**ON_ETCD, JOB_STORE_CA="/ca.pem", JOB_STORE_CERT="/c.pem", JOB_STORE_KEY="/k.pem")
+    assert tls.job_store == ("https://e1:2379", "https://10.0.0.2:2379") and tls.job_store_key == "/k.pem"
     fixed = config(JOB_STORE="etcd://e1:2379", NUM_NODES=2)
     assert (fixed.train_mode, fixed.role, fixed.elastic) == ("distributed", "peer", False)
 
@@ -259,7 +261,12 @@ def test_a_job_on_etcd_needs_no_master_role_or_address():
     (dict(LAUNCHER="horovod", MAX_RESTARTS=0), "LAUNCHER=horovod", "PyTorch under torchrun"),
     (dict(FRAMEWORK="tensorflow", MIN_NODES="", MAX_NODES="", MAX_RESTARTS=0, NUM_NODES=2), "FRAMEWORK=tensorflow",
      "PyTorch under torchrun"),
-    (dict(JOB_SECRET="0123456789abcdef0123456789abcdef"), "JOB_SECRET with JOB_STORE", "secure etcd itself"),
+    (dict(JOB_SECRET="0123456789abcdef0123456789abcdef"), "JOB_SECRET with JOB_STORE", "secure etcd itself with client certificates"),
+    (dict(JOB_STORE_CERT="/c.pem"), "JOB_STORE_CERT='/c.pem'", "set JOB_STORE_KEY too"),
+    (dict(JOB_STORE_KEY="/k.pem"), "JOB_STORE_KEY='/k.pem'", "set JOB_STORE_CERT too"),
+    (dict(JOB_STORE_CERT="/c.pem", JOB_STORE_KEY="/k.pem"), "JOB_STORE_CERT='/c.pem'", "set JOB_STORE_CA"),
+    (dict(JOB_STORE_CA="ca.pem"), "JOB_STORE_CA='ca.pem'", "an absolute path"),
+    (dict(JOB_STORE="", JOB_STORE_CA="/ca.pem"), "JOB_STORE_CA='/ca.pem'", "only JOB_STORE uses it"),
 ])
 def test_bad_job_store_settings_are_one_line(env, names, allowed):
     message = error(**{**ON_ETCD, **env})

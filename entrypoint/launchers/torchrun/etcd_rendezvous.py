@@ -12,6 +12,11 @@ round: whichever node dies, first or not, the others form a new round without it
     python -m entrypoint.launchers.torchrun.run --rdzv-backend=etcd-v3 \
         --rdzv-endpoint=http://etcd1:2379,http://etcd2:2379,http://etcd3:2379 --rdzv-id=JOB ...
 
+With https:// endpoints, `--rdzv-conf` names the TLS files: ca_file=..., and cert_file=...,
+key_file=... for an etcd that asks for a client certificate. torch unpickles the state it
+reads, so whoever may write to etcd may run code in every agent: etcd's client
+certificates are what keeps others out (docs/rendezvous.md).
+
 `--rdzv-id` names the job on the cluster. Every key an agent writes is held by its lease
 (etcd_client.py, TTL op_timeout): a job's keys vanish that long after its last node ended,
 and a job started again under the same id within that time waits for them to go.
@@ -30,7 +35,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, create_handler
 
 from ...store import etcd_client as wire
-from ...store.etcd_client import EtcdClient
+from ...store.etcd_client import EtcdClient, EtcdTls, Refused
 from ...store.transport import StoreGone, job_prefix
 
 BACKEND = "etcd-v3"
@@ -69,7 +74,7 @@ class _Guarded:
         def call(*args):
             try:
                 return found(*args)
-            except StoreGone as exc:
+            except (StoreGone, Refused) as exc:
                 raise StoreLost(f"lost the rendezvous store: {exc}") from None
         return call
 
@@ -194,7 +199,9 @@ def create_etcd_handler(params: RendezvousParameters) -> RendezvousHandler:
     how long a call may go unanswered by every member before the store counts as lost."""
     read_timeout = params.get_as_int("read_timeout", 60)
     op_timeout = params.get_as_int("op_timeout", 10)
-    client = EtcdClient(endpoints(params.endpoint), op_timeout_s=op_timeout, lease_ttl_s=max(2, op_timeout))
+    ca = params.get("ca_file")
+    tls = EtcdTls(ca, params.get("cert_file"), params.get("key_file")) if ca else None
+    client = EtcdClient(endpoints(params.endpoint), op_timeout_s=op_timeout, lease_ttl_s=max(2, op_timeout), tls=tls)
     store = EtcdStore(client, params.run_id, dt.timedelta(seconds=read_timeout))
     backend = EtcdRendezvousBackend(client, params.run_id)
     wait_for_an_ended_job(backend, client.lease_ttl_s + 2)

@@ -45,7 +45,7 @@ class TorchrunLaunch:
     nnodes: str = "1"                         # "N", or "MIN:MAX" for an elastic job
     rdzv_endpoint: str | None = None          # the job store (c10d, is_host=0), or etcd's members
     rdzv_backend: str = "c10d"                # c10d on the job store; etcd-v3 with JOB_STORE (etcd_rendezvous.py)
-    rdzv_conf: tuple[tuple[str, int], ...] = ()
+    rdzv_conf: tuple[tuple[str, int | str], ...] = ()
     local_addr: str | None = None             # where the other nodes reach this one
     monitor_interval: float = MONITOR_INTERVAL_S
     node_rank: int | None = None              # fixed-size, agent in the entrypoint: nodes in this order
@@ -85,6 +85,12 @@ def rendezvous_conf(timeout_s: int, elastic: bool, last_call_s: int, dead_after_
         conf += [("last_call_timeout", last_call_s), ("keep_alive_interval", KEEP_ALIVE_INTERVAL_S),
                  ("keep_alive_max_attempt", max(1, dead_after_s // KEEP_ALIVE_INTERVAL_S))]
     return tuple(conf)
+
+
+def store_tls_conf(c) -> tuple[tuple[str, str], ...]:
+    """JOB_STORE's TLS files, for the etcd rendezvous (etcd_rendezvous.create_etcd_handler)."""
+    files = (("ca_file", c.job_store_ca), ("cert_file", c.job_store_cert), ("key_file", c.job_store_key))
+    return tuple((key, path) for key, path in files if path) if c.job_store else ()
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,7 @@ class Torchrun(Launcher):
             nnodes=f"{c.min_nodes}:{c.max_nodes}" if c.elastic else str(c.num_nodes),
             rdzv_endpoint=endpoint, rdzv_backend=backend, workers_stores=workers_stores,
             rdzv_conf=rendezvous_conf(c.rdzv_timeout, c.elastic, c.elastic_last_call, c.elastic_dead_after, backend,
-                                      c.peer_timeout),
+                                      c.peer_timeout) + store_tls_conf(c),
             local_addr=me.addr if me else None,
             node_rank=None if c.elastic or c.job_store or not self.in_process else placement.node_rank, **common)
 
