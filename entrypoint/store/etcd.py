@@ -46,7 +46,7 @@ class EtcdJobStore(JobStore):
         try:
             return operation(*args)
         except StoreGone as exc:
-            raise StoreGone(f"the job store ({exc})") from None
+            raise StoreGone(f"the job store at {exc}") from None
 
     def connect(self, deadline: float, cancelled: Callable[[], bool] = lambda: False) -> None:
         last = "no attempt"

@@ -109,7 +109,7 @@ def test_losing_one_member_goes_unnoticed_and_losing_the_quorum_is_one_line(etcd
     took = time.monotonic() - t0
     assert 2.5 < took < 6, took
     line = str(gone.value)
-    assert "\n" not in line and line.startswith("the job store (etcd at http://127.0.0.1:"), line
+    assert "\n" not in line and line.startswith("the job store at etcd://127.0.0.1:"), line
 
 
 def test_a_store_that_is_not_there_is_one_line_after_the_wait():
