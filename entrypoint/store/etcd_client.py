@@ -99,6 +99,7 @@ class EtcdClient:
         self.lease_ttl_s = lease_ttl_s
         self._lease: str | None = None
         self._lease_lock = threading.Lock()
+        self._keeper: threading.Thread | None = None
         self._closed = threading.Event()
         self.endpoints = list(endpoints)
         self.endpoint = ",".join(self.endpoints)
@@ -133,6 +134,10 @@ class EtcdClient:
                 if reply.status == 200:
                     self._at = at
                     return json.loads(reply.data)
+                if reply.status == 404 and b"lease not found" in reply.data:
+                    self._lease = None           # the next write asks for a new one
+                    raise StoreGone(f"{self.name}: this node's lease ran out (it was silent longer than its "
+                                    f"TTL, {self.lease_ttl_s}s), and its keys with it")
                 if reply.status == 404:
                     raise Refused(f"{self.endpoints[at]}{path} answers HTTP 404: not etcd's v3 API (etcd 3.3 or "
                                   f"later serves it on each member's client port)")
@@ -154,12 +159,16 @@ class EtcdClient:
         with self._lease_lock:
             if self._lease is None:
                 self._lease = self.post("/v3/lease/grant", {"TTL": self.lease_ttl_s})["ID"]
-                threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True).start()
+                if self._keeper is None:
+                    self._keeper = threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True)
+                    self._keeper.start()
             return self._lease
 
     def _keep_alive(self) -> None:
         while not self._closed.wait(self.lease_ttl_s / 3):
             lease = self._lease
+            if lease is None:
+                continue
             try:
                 reply = self.post("/v3/lease/keepalive", {"ID": lease}).get("result", {})
             except (StoreGone, Refused):
@@ -167,7 +176,7 @@ class EtcdClient:
             if int(reply.get("TTL", 0)) <= 0:    # expired (this process froze longer): its keys are gone
                 with self._lease_lock:
                     if self._lease == lease:
-                        self._lease = self.post("/v3/lease/grant", {"TTL": self.lease_ttl_s})["ID"]
+                        self._lease = None       # the next write asks for a new one
 
     def put_op(self, key: bytes, value: bytes) -> dict:
         """A put, for a transaction's branch, held by this client's lease."""

@@ -120,3 +120,23 @@ def test_a_store_that_is_not_there_is_one_line_after_the_wait():
         store.connect(time.monotonic() + 1.5)
     assert 1.4 < time.monotonic() - t0 < 4
     assert str(failed.value).startswith(f"no job store at JOB_STORE=etcd://127.0.0.1:{port} after RDZV_TIMEOUT=1.5s")
+
+
+def test_a_nodes_keys_live_as_long_as_its_lease(etcd):
+    """Every key a client writes is held by its lease (TTL 2 s here): kept alive while the
+    client runs, gone a TTL after it stops; a lease that ran out while the node was silent
+    is one line (StoreGone), and the next write takes a new lease."""
+    from entrypoint.store.etcd_client import EtcdClient
+
+    client = EtcdClient(etcd.endpoints, op_timeout_s=3, lease_ttl_s=2)
+    client.put(b"a", b"1")
+    time.sleep(3)
+    assert client.range(b"a").value == b"1"                     # kept alive past its TTL
+    client.post("/v3/lease/revoke", {"ID": client.lease()})      # as if it had run out
+    assert client.range(b"a") is None
+    with pytest.raises(StoreGone, match="this node's lease ran out"):
+        client.put(b"b", b"2")
+    client.put(b"b", b"2")
+    client.close()
+    time.sleep(3.5)
+    assert EtcdClient(etcd.endpoints, op_timeout_s=3).range(b"b") is None
