@@ -16,7 +16,6 @@ import time
 import uuid
 from typing import Callable
 
-from . import etcd_client as wire
 from .etcd_client import EtcdClient, EtcdTls, Refused
 from .transport import JobStore, RendezvousError, StoreGone, job_prefix
 
@@ -24,13 +23,13 @@ from .transport import JobStore, RendezvousError, StoreGone, job_prefix
 class EtcdJobStore(JobStore):
     def __init__(self, endpoints: list[str], run_id: str, timeout_s: float, op_timeout_s: float, identity=None,
                  lease_ttl_s: int | None = None, tls: EtcdTls | None = None):
-        """endpoints: each member's client URL (http://host:port; TLS to etcd is a later step);
+        """endpoints: each member's client URL (http://host:port, https:// with `tls`);
         timeout_s: how long to look for the store at start (RDZV_TIMEOUT); op_timeout_s:
         how long one operation may go unanswered by every member (PEER_TIMEOUT); lease_ttl_s:
         this node's keys vanish that long after it died (etcd_client.py); tls: etcd's CA and
         this node's client certificate (https:// endpoints)."""
         self.etcd = EtcdClient(endpoints, op_timeout_s, lease_ttl_s, tls)
-        self.endpoint = self.etcd.endpoint
+        self.endpoint = self.etcd.name              # etcd://host:port,..., as JOB_STORE spells it
         self.prefix = job_prefix(run_id)
         self.timeout_s = timeout_s
         self.identity = identity
@@ -77,28 +76,11 @@ class EtcdJobStore(JobStore):
         self._call(self.etcd.put, self._key(key), value.encode())
 
     def add(self, key: str, amount: int) -> int:
-        """A compare-and-set on the key's revision, again until no other node came between;
-        the result is also kept under a receipt of this call's own (see the module's text)."""
-        k, receipt = self._key(key), self._key(f"{key}@add/{uuid.uuid4().hex}")
-        while True:
-            found = self._call(self.etcd.range, k)
-            now = int(found.value) if found is not None else 0
-            if amount == 0:
-                return now
-            value = str(now + amount).encode()
-            unchanged = wire.unchanged_since(k, found.mod_revision) if found is not None else wire.absent(k)
-            done, _, _ = self._call(self.etcd.txn, [unchanged], [self.etcd.put_op(k, value), self.etcd.put_op(receipt, value)], [])
-            if done:
-                return now + amount
-            landed = self._call(self.etcd.range, receipt)      # an earlier try of this call, answered too late
-            if landed is not None:
-                return int(landed.value)
+        """Exactly once, even when a reply is lost (see the module's text)."""
+        return self._call(self.etcd.add, self._key(key), amount, self._key(f"{key}@add/{uuid.uuid4().hex}"))
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
-        k = self._key(key)
-        condition = wire.absent(k) if expected == "" else wire.holds(k, expected.encode())
-        done, _, responses = self._call(self.etcd.txn, [condition], [self.etcd.put_op(k, desired.encode())], [wire.get(k)])
+        done, found = self._call(self.etcd.compare_set, self._key(key), expected.encode(), desired.encode())
         if done:
             return desired
-        found = wire.ranged(responses)
         return found.value.decode() if found is not None else ""

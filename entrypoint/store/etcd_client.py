@@ -203,6 +203,34 @@ class EtcdClient:
         reply = self.post("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
         return bool(reply.get("succeeded")), int(reply["header"]["revision"]), reply.get("responses") or []
 
+    # ------------------------------------------------------- counters and claims
+    def add(self, key: bytes, amount: int, receipt: bytes | None = None) -> int:
+        """Add to a decimal counter (0 if unset) and return its new value: a compare-and-set
+        on the key's revision, again until no other writer came between. With `receipt` (a
+        key of this call's own) the result is also written there in the same transaction,
+        so a try whose reply was lost after it landed is found instead of added twice."""
+        while True:
+            found = self.range(key)
+            now = int(found.value) if found is not None else 0
+            if amount == 0:
+                return now
+            value = str(now + amount).encode()
+            unchanged = unchanged_since(key, found.mod_revision) if found is not None else absent(key)
+            puts = [self.put_op(key, value)] + ([self.put_op(receipt, value)] if receipt is not None else [])
+            done, _, _ = self.txn([unchanged], puts, [])
+            if done:
+                return now + amount
+            landed = self.range(receipt) if receipt is not None else None
+            if landed is not None:                  # an earlier try of this call, answered too late
+                return int(landed.value)
+
+    def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> tuple[bool, Entry | None]:
+        """Set `desired` if the key holds `expected` (b"": the key is unset); (whether it
+        did, the key's entry when it did not)."""
+        condition = absent(key) if expected == b"" else holds(key, expected)
+        done, _, responses = self.txn([condition], [self.put_op(key, desired)], [get(key)])
+        return done, None if done else ranged(responses)
+
     def status(self, deadline: float) -> dict:
         return self.post("/v3/maintenance/status", {}, deadline)
 

@@ -120,47 +120,41 @@ class EtcdStore(dist.Store):
         self.client.put(self._key(key), _bytes(value))
 
     def get(self, key: str) -> bytes:
-        self.wait([key])
-        found = self.client.range(self._key(key))
-        if found is None:                        # deleted since: torch's stores raise as for a timeout
-            raise dist.DistStoreError(f"key {key!r} was deleted while it was read")
-        return found.value
+        return self._wait_for([key])[key]
 
     def add(self, key: str, amount: int) -> int:
-        k = self._key(key)
-        while True:
-            found = self.client.range(k)
-            now = int(found.value) if found is not None else 0
-            unchanged = wire.unchanged_since(k, found.mod_revision) if found is not None else wire.absent(k)
-            done, _, _ = self.client.txn([unchanged], [self.client.put_op(k, str(now + amount).encode())], [])
-            if done:
-                return now + amount
+        return self.client.add(self._key(key), amount)
 
     def compare_set(self, key: str, expected, desired) -> bytes:
         """TCPStore's answer: `desired` if set; else what is stored, or `expected` for a
         missing key that was expected to hold something."""
-        k, expected, desired = self._key(key), _bytes(expected), _bytes(desired)
-        condition = wire.absent(k) if expected == b"" else wire.holds(k, expected)
-        done, _, responses = self.client.txn([condition], [self.client.put_op(k, desired)], [wire.get(k)])
+        expected, desired = _bytes(expected), _bytes(desired)
+        done, found = self.client.compare_set(self._key(key), expected, desired)
         if done:
             return desired
-        found = wire.ranged(responses)
         return found.value if found is not None else expected
 
     def check(self, keys: list[str]) -> bool:
         return all(self.client.range(self._key(k)) is not None for k in keys)
 
     def wait(self, keys: list[str], timeout: dt.timedelta | None = None) -> None:
+        self._wait_for(keys, timeout)
+
+    def _wait_for(self, keys: list[str], timeout: dt.timedelta | None = None) -> dict[str, bytes]:
+        """Each key's value once every one is set, polling; DistStoreError after the timeout."""
         limit = (timeout or self.timeout).total_seconds()
         deadline, pause = time.monotonic() + limit, POLL_S[0]
-        missing = list(keys)
+        found: dict[str, bytes] = {}
         while True:
-            missing = [k for k in missing if self.client.range(self._key(k)) is None]
-            if not missing:
-                return
+            for k in keys:
+                if k not in found and (entry := self.client.range(self._key(k))) is not None:
+                    found[k] = entry.value
+            if len(found) == len(keys):
+                return found
             if time.monotonic() >= deadline:
+                missing = [k for k in keys if k not in found]
                 raise dist.DistStoreError(f"wait timeout after {limit:g}s for key(s) {missing} in the etcd store "
-                                          f"at {self.client.endpoint}")
+                                          f"at {self.client.name}")
             time.sleep(pause)
             pause = min(POLL_S[1], pause * 2)
 
