@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from .contract.grad_sync import describe
 from .job.placement import NodeInfo, Placement
 from .plan import NodePlan
 from .running.specs import ProcessSpec
@@ -99,6 +100,7 @@ def explain(plan: NodePlan, processes: list[ProcessSpec] | None, base_env: dict[
              + (f"; {plan.hardware.tpu_text()}" if plan.hardware and plan.accelerator.kind == "tpu" else ""),
              f"  starts:      {plan.starts}",
              f"  watches:     {watches(c)}"] + storage_lines(c, base_env)
+    lines += [f"  gradients:   {line}" for line in describe(c.grad_sync, c.framework, c.launcher)]
     if plan.rendezvous:
         r = plan.rendezvous
         serves = [what for what, on in (("the job store", r.serve_store), ("Horovod rendezvous", r.horovod_server)) if on]

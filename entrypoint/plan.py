@@ -17,6 +17,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
+from .contract import grad_sync
 from .contract.config import VARIABLE_NAMES, Config, ConfigError, load_config
 from .contract.manifest import Image
 from .contract.schedulers import DirectRank, translate
@@ -125,12 +126,15 @@ def _common_env(launcher: Launcher, hw: Hardware) -> dict[str, str]:
         "LAUNCHER": config.launcher,
         "SYNC_MODE": config.sync_mode,
         "SYNC_PERIOD": str(config.sync_period),
+        **config.grad_sync.env(),
         "DATA_DIR": config.data_dir,
         "CHECKPOINT_DIR": config.checkpoint_dir,
         "NUM_NODES": str(config.num_nodes),
         **_parallel_env(config, launcher.world_size),
         **config.nccl_env,
     }
+    if config.grad_bucket_mb is not None and config.launcher == "horovod":
+        env["HOROVOD_FUSION_THRESHOLD"] = str(config.grad_bucket_mb * 1024 * 1024)
     if "OMP_NUM_THREADS" not in passed:
         env["OMP_NUM_THREADS"] = str(max(1, hw.cpus // max(1, launcher.nproc)))
     if accel.xla:
@@ -184,6 +188,9 @@ def plan_node(config: Config, hw: Hardware, image: Image, direct: DirectRank | N
         mode = config.train_mode
         nproc = config.nproc_per_node or (hw.gpus if accel.kind == "gpu" and hw.gpus else 1)
     accelerators.check_xla_layout(config, accel, hw, nproc, direct)
+    refused = grad_sync.on_accelerator(config.grad_sync, accel.kind, accel.xla)
+    if refused:
+        raise ConfigError(refused)
     warnings = _hardware_warnings(config, hw, accel, nproc, direct) + _driver_warnings(hw, accel, image)
     if config.tf_config and not direct:
         raise ConfigError("TF_CONFIG is set: the container runs as that one TensorFlow task (TFJob); "

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .grad_sync import COMPRESSIONS, GradSync, refusal
 from .manifest import Image
 from .urls import BucketUrl, UrlError, has_scheme, parse_bucket_url, parse_store_url
 
@@ -231,6 +232,18 @@ VARIABLES = (
     Var("SYNC_MODE", Choice(SYNC_MODES), "sync",
         '`async`: TF parameter servers, PyTorch local SGD, MXNet `dist_async`'),
     Var("SYNC_PERIOD", Int(1), "8", 'PyTorch `async`: steps between model averages'),
+    Var("GRAD_COMPRESSION", Choice(COMPRESSIONS), "none",
+        "gradients on the wire: `none`, `fp16`, `bf16`, `powersgd` (low-rank, with error feedback); "
+        "what each framework and launcher honours: docs/gradient-sync.md"),
+    Var("POWERSGD_RANK", Int(1), "4", "`GRAD_COMPRESSION=powersgd`: the rank of each gradient's approximation"),
+    Var("POWERSGD_WARMUP", Int(2), "10",
+        "`GRAD_COMPRESSION=powersgd`: steps of plain all-reduce before compression starts"),
+    Var("GRAD_ACCUMULATION", Int(1), "1",
+        "micro-batches per gradient synchronization: the optimizer steps once every N calls of "
+        "`step()`, on the mean of their gradients, and the gradients cross the network once"),
+    Var("GRAD_BUCKET_MB", Int(1, 4096), None,
+        "MB of gradients sent in one collective (DDP's `bucket_cap_mb`, 25 there; Horovod's "
+        "`HOROVOD_FUSION_THRESHOLD`, 64 there)"),
     Var("NUM_PS", Int(1), "1", 'TF `async`, MXNet `native`: parameter servers on the master'),
     Var("ENTRYPOINT", Text(), "/app/code/train.py", 'the script; arguments after the image name pass through'),
     Var("DATA_DIR", Text(), "/app/data",
@@ -399,6 +412,11 @@ class Config:
     straggler_window: int = 60
     cache_dir: str = "/app/cache"
     s3_addressing_style: str | None = None
+    grad_compression: str = "none"
+    powersgd_rank: int = 4
+    powersgd_warmup: int = 10
+    grad_accumulation: int = 1
+    grad_bucket_mb: int | None = None
     job_store: tuple[str, ...] | None = None  # JOB_STORE: each etcd member's client URL (http(s)://host:port)
     job_store_ca: str | None = None
     job_store_cert: str | None = None
@@ -426,6 +444,11 @@ class Config:
     def family(self) -> str:
         """The framework whose launchers run the job: Keras runs on TensorFlow's."""
         return "tensorflow" if self.framework == "keras" else self.framework
+
+    @property
+    def grad_sync(self) -> GradSync:
+        return GradSync(self.grad_compression, self.powersgd_rank, self.powersgd_warmup, self.grad_accumulation,
+                        self.grad_bucket_mb)
 
     @property
     def elastic(self) -> bool:
@@ -576,6 +599,15 @@ def async_fits(v: Values, env: dict) -> Values:
     return {}
 
 
+def grad_sync_fits(v: Values, env: dict) -> Values:
+    sync = GradSync(v["GRAD_COMPRESSION"], v["POWERSGD_RANK"], v["POWERSGD_WARMUP"], v["GRAD_ACCUMULATION"],
+                    v["GRAD_BUCKET_MB"])
+    line = refusal(sync, v["FRAMEWORK"], v["LAUNCHER"], v["SYNC_MODE"])
+    if line:
+        raise ConfigError(line)
+    return {}
+
+
 def restarts_are_torchruns(v: Values, env: dict) -> Values:
     torchrun = v["FRAMEWORK"] == "pytorch" and v["LAUNCHER"] == "native"
     if v["MAX_RESTARTS"] and not torchrun:
@@ -688,7 +720,7 @@ def object_storage(v: Values, env: dict) -> Values:
 
 
 RULES: tuple[Callable[[Values, dict], Values], ...] = (
-    elastic_bounds, external_job_store, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits,
+    elastic_bounds, external_job_store, train_mode, local_is_one_node, distributed_placement, parallel_layout, async_fits, grad_sync_fits,
     restarts_are_torchruns, hostfile_is_mpis, horovod_port, xla_port, mxnet_launchers, tf_config_is_tensorflows,
     nccl_settings, object_storage,
 )

@@ -61,6 +61,23 @@ def test_role_from_node_rank():
     (dict(SYNC_MODE="eventually"), "SYNC_MODE='eventually'", "sync, async"),
     (dict(SYNC_MODE="async", LAUNCHER="horovod"), "SYNC_MODE='async'", "allowed: sync"),
     (dict(SYNC_PERIOD=0), "SYNC_PERIOD='0'", "integer >= 1"),
+    (dict(GRAD_COMPRESSION="zip"), "GRAD_COMPRESSION='zip'", "none, fp16, bf16, powersgd"),
+    (dict(GRAD_COMPRESSION="bf16", LAUNCHER="horovod"), "GRAD_COMPRESSION='bf16': not built for FRAMEWORK=pytorch "
+     "LAUNCHER=horovod", "allowed: none, fp16 (bf16: pytorch/native, pytorch/mpi)"),
+    (dict(GRAD_ACCUMULATION=2, FRAMEWORK="tensorflow", LAUNCHER="horovod"), "GRAD_ACCUMULATION=2: not built for "
+     "FRAMEWORK=tensorflow LAUNCHER=horovod", "allowed: 1"),
+    (dict(GRAD_COMPRESSION="fp16", FRAMEWORK="keras"), "GRAD_COMPRESSION='fp16': not built for FRAMEWORK=keras "
+     "LAUNCHER=native", "allowed: none"),
+    (dict(GRAD_COMPRESSION="powersgd", SYNC_MODE="async"), "GRAD_COMPRESSION='powersgd'", "allowed with "
+     "SYNC_MODE=async: none"),
+    (dict(GRAD_ACCUMULATION=0), "GRAD_ACCUMULATION='0'", "integer >= 1"),
+    (dict(GRAD_ACCUMULATION=4, FRAMEWORK="tensorflow"), "GRAD_ACCUMULATION=4: not built for FRAMEWORK=tensorflow",
+     "allowed: 1"),
+    (dict(GRAD_BUCKET_MB=0), "GRAD_BUCKET_MB='0'", "integer >= 1"),
+    (dict(GRAD_BUCKET_MB=8, FRAMEWORK="tensorflow"), "GRAD_BUCKET_MB=8: not built for "
+     "FRAMEWORK=tensorflow LAUNCHER=native", "allowed: unset"),
+    (dict(POWERSGD_RANK=0), "POWERSGD_RANK='0'", "integer >= 1"),
+    (dict(POWERSGD_WARMUP=1), "POWERSGD_WARMUP='1'", "integer >= 2"),
     (dict(NUM_PS=0), "NUM_PS='0'", "integer >= 1"),
     (dict(MIN_NODES=3, MAX_NODES=2, TRAIN_MODE="distributed", MASTER_ADDR="m", ROLE="master"),
      "MIN_NODES='3'", "<= MAX_NODES"),
@@ -272,3 +289,15 @@ def test_bad_job_store_settings_are_one_line(env, names, allowed):
     message = error(**{**ON_ETCD, **env})
     assert names in message and allowed in message, message
 
+
+
+def test_gradient_strategies_reach_the_ranks_as_the_framework_spells_them():
+    from entrypoint.contract.grad_sync import describe
+    c = config(GRAD_COMPRESSION="powersgd", POWERSGD_RANK=2, GRAD_ACCUMULATION=4, GRAD_BUCKET_MB=50)
+    assert c.grad_sync.env() == {"GRAD_COMPRESSION": "powersgd", "GRAD_ACCUMULATION": "4", "POWERSGD_RANK": "2",
+                                 "POWERSGD_WARMUP": "10", "GRAD_BUCKET_MB": "50"}
+    said = describe(c.grad_sync, c.framework, c.launcher)
+    assert len(said) == 3 and "powerSGD_hook" in said[0] and "no_sync" in said[1] and "bucket_cap_mb" in said[2]
+    assert config().grad_sync.default and describe(config().grad_sync, "pytorch", "native") == []
+    hvd = config(GRAD_COMPRESSION="fp16", GRAD_BUCKET_MB=8, LAUNCHER="horovod")
+    assert "hvd.Compression.fp16" in describe(hvd.grad_sync, "pytorch", "horovod")[0]

@@ -36,6 +36,9 @@ BAD = [
     {"JOB_SECRET_FILE": "/dev/null"},
     {"NUM_NODE": "2", "UNKNOWN_VARIABLES": "error"},
     {"NET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "eth0"},
+    {"GRAD_COMPRESSION": "bf16", "ACCELERATOR": "cpu"},
+    {"GRAD_COMPRESSION": "fp16", "FRAMEWORK": "tensorflow"},
+    {"GRAD_ACCUMULATION": "0"},
 ]
 
 
@@ -65,6 +68,18 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_one_line_before_anything_sta
     assert result.returncode == 2 and result.stdout == "", result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("entrypoint: CHECKPOINT_DIR='/proc/no-checkpoints-here': not writable by uid "), line
+
+
+def test_explain_says_which_gradient_strategy_applies_by_which_mechanism():
+    result = entrypoint({"EXPLAIN": "1", "GRAD_COMPRESSION": "powersgd", "GRAD_ACCUMULATION": "2",
+                         "GRAD_BUCKET_MB": "50", "LAUNCHER": "native"})
+    assert result.returncode == 0, result.stderr
+    said = [line.split("gradients:", 1)[1].strip() for line in result.stdout.splitlines() if "gradients:" in line]
+    assert said == ["gradient compression: powersgd (rank 4, plain all-reduce for the first 10 steps): DDP comm "
+                    "hook powerSGD_hook (error feedback, warm start)",
+                    "gradient accumulation: 2 micro-batches per synchronization: DDP's no_sync() on all but the "
+                    "last micro-batch, one optimizer step per GRAD_ACCUMULATION",
+                    "gradient buckets: 50 MB: DDP's bucket_cap_mb"], result.stdout
 
 
 def test_explain_prints_the_plan_and_starts_nothing():
