@@ -32,7 +32,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from . import preemption
+from . import gradsync, preemption
 from .env import RankInfo, context
 
 _state: dict = {}
@@ -61,6 +61,7 @@ def init(backend: str | None = None, timeout_s: int = 1800) -> RankInfo:
     """Join the job: horovod.init() under LAUNCHER=horovod, the 'xla' group under PyTorch/XLA,
     else init_process_group (gloo, or NCCL on GPUs)."""
     info = context()
+    gradsync.install()        # the image's .pth did it already; outside an image, here
     if uses_xla():
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the 'xla' backend)
         import torch_xla.runtime as xr

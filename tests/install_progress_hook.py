@@ -8,7 +8,7 @@ import pathlib
 import sysconfig
 
 # disttrain.output in every process; progress only where the entrypoint asked for it.
-LINE = ('import os; exec("try:\\n from disttrain import output, teardown\\n output.install()\\n teardown.install()\\n'
+LINE = ('import os; exec("try:\\n from disttrain import gradsync, output, teardown\\n gradsync.install()\\n output.install()\\n teardown.install()\\n'
         'except ImportError:\\n pass"); '
         'exec("try:\\n from disttrain import progress\\n progress.install()\\n'
         'except ImportError:\\n pass") if os.environ.get("DISTTRAIN_PROGRESS") else None\n')

@@ -1,0 +1,225 @@
+"""Gradient synchronization strategies, applied inside the training process with no change
+to the script: GRAD_COMPRESSION, GRAD_ACCUMULATION, GRAD_BUCKET_MB (the entrypoint checked
+them against the framework and passed them to every rank; entrypoint/contract/grad_sync.py
+holds what each framework honours).
+
+The image's per-interpreter line (disttrain.pth) calls `install()` in every Python process;
+with the defaults it does nothing. Else it patches, as each is imported:
+
+  PyTorch DDP (`DistributedDataParallel(model)`, also what disttrain.torch.wrap_model makes):
+    GRAD_BUCKET_MB is its `bucket_cap_mb` unless the script passes one; at its first forward
+    pass, unless the script registered a communication hook of its own, the compression's
+    hook: torch's fp16_compress_hook, bf16_compress_hook or powerSGD_hook. With
+    GRAD_ACCUMULATION=N, all but every Nth training forward pass run as under `no_sync()`.
+  Horovod (`hvd.DistributedOptimizer(opt)` for PyTorch, TensorFlow and Keras, and
+    `hvd.DistributedGradientTape`): compression=hvd.Compression.fp16, and for PyTorch and
+    Keras backward_passes_per_step=N (Keras: with average_aggregated_gradients), unless the
+    script passes them. GRAD_BUCKET_MB reaches Horovod as HOROVOD_FUSION_THRESHOLD (the
+    entrypoint sets it).
+  Every torch optimizer, with GRAD_ACCUMULATION=N: `step()` applies once every N calls,
+    `zero_grad()` only after an applied step, and each parameter's gradient is scaled by
+    1/N as it arrives, so that the update is one step on the mean over the N micro-batches:
+    with equal micro-batches, the step on their combined batch.
+
+Each process that applies something says so once (rank 0 only): `disttrain: gradients: ...`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import types
+
+from .hooks import after_import
+
+DDP_MODULE = "torch.nn.parallel.distributed"
+OPTIMIZER_MODULE = "torch.optim.optimizer"
+
+
+class Settings:
+    """The job's choice, read from the process's environment."""
+
+    def __init__(self, env):
+        self.compression = env.get("GRAD_COMPRESSION", "none") or "none"
+        self.accumulation = int(env.get("GRAD_ACCUMULATION") or 1)
+        self.bucket_mb = int(env["GRAD_BUCKET_MB"]) if env.get("GRAD_BUCKET_MB") else None
+        self.powersgd_rank = int(env.get("POWERSGD_RANK") or 4)
+        self.powersgd_warmup = int(env.get("POWERSGD_WARMUP") or 10)
+
+    @property
+    def default(self) -> bool:
+        return self.compression == "none" and self.accumulation == 1 and self.bucket_mb is None
+
+
+_said: set[str] = set()
+
+
+def _say(what: str) -> None:
+    """One line per thing applied, from the job's first rank."""
+    if what in _said or os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")) not in ("0", ""):
+        return
+    _said.add(what)
+    sys.stderr.write(f"disttrain: gradients: {what}\n")
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- DDP
+
+def _comm_hook(settings: Settings):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if settings.compression == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if settings.compression == "bf16":
+        return None, default_hooks.bf16_compress_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=settings.powersgd_rank,
+                                        start_powerSGD_iter=settings.powersgd_warmup)
+    return state, powerSGD_hook.powerSGD_hook
+
+
+def _patch_ddp(module, settings: Settings) -> None:
+    ddp = module.DistributedDataParallel
+    init, forward = ddp.__init__, ddp.forward
+    bucket_param = inspect.signature(init).parameters.get("bucket_cap_mb")
+
+    def __init__(self, *args, **kwargs):
+        if settings.bucket_mb is not None and bucket_param is not None:
+            given = inspect.signature(init).bind_partial(self, *args, **kwargs).arguments
+            if given.get("bucket_cap_mb") is None and not given.get("bucket_cap_mb_list"):
+                kwargs["bucket_cap_mb"] = settings.bucket_mb
+                _say(f"{settings.bucket_mb} MB buckets (DDP bucket_cap_mb)")
+        init(self, *args, **kwargs)
+        self._disttrain_micro_batches = 0
+        self._disttrain_hooked = False
+
+    def forward_(self, *args, **kwargs):
+        if not self._disttrain_hooked:
+            self._disttrain_hooked = True
+            if settings.compression != "none":
+                if self._comm_hooks:
+                    _say(f"GRAD_COMPRESSION={settings.compression} not applied: the script registered "
+                         f"its own communication hook ({self._comm_hooks[0][0].__name__})")
+                else:
+                    state, hook = _comm_hook(settings)
+                    self.register_comm_hook(state, hook)
+                    _say(f"{settings.compression} compression (DDP comm hook {hook.__name__})")
+        if settings.accumulation > 1 and self.training and module.torch.is_grad_enabled():
+            self.require_backward_grad_sync = (
+                self._disttrain_micro_batches % settings.accumulation == settings.accumulation - 1)
+            self._disttrain_micro_batches += 1
+        return forward(self, *args, **kwargs)
+
+    __init__.__doc__, forward_.__doc__ = init.__doc__, forward.__doc__
+    ddp.__init__, ddp.forward = __init__, forward_
+
+
+# --------------------------------------------------------------------------- optimizers
+
+def _scale_gradients(parameters, n: int) -> None:
+    """Each incoming gradient times 1/n, before it is accumulated into .grad (and so before
+    DDP's and Horovod's hooks, which run after accumulation, send it)."""
+    for p in parameters:
+        if p.requires_grad and not getattr(p, "_disttrain_scaled", False):
+            p.register_hook(lambda grad, n=n: grad / n)
+            p._disttrain_scaled = True
+
+
+def _patch_optimizer(module, settings: Settings) -> None:
+    optimizer = module.Optimizer
+    init = optimizer.__init__
+    n = settings.accumulation
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if getattr(self, "_disttrain_calls", None) is not None:
+            return
+        self._disttrain_calls = 0
+        step, zero_grad = self.step, self.zero_grad
+
+        def gated_step(this, *a, **k):
+            this._disttrain_calls += 1
+            if this._disttrain_calls % n:
+                return None                       # a micro-batch: its gradients only accumulate
+            return step(*a, **k)
+
+        def gated_zero_grad(this, *a, **k):
+            if this._disttrain_calls % n:
+                return None                       # between micro-batches: keep what accumulated
+            return zero_grad(*a, **k)
+
+        self.step = types.MethodType(gated_step, self)
+        self.zero_grad = types.MethodType(gated_zero_grad, self)
+        for group in self.param_groups:
+            _scale_gradients(group["params"], n)
+        _say(f"accumulation of {n} micro-batches per step (the optimizer steps every {n} calls)")
+
+    __init__.__doc__ = init.__doc__
+    optimizer.__init__ = __init__
+
+
+# --------------------------------------------------------------------------- Horovod
+
+def _with_defaults(module, name: str, defaults: dict, said: dict) -> None:
+    """module.name(...) with `defaults` for the keywords the caller did not pass."""
+    original = getattr(module, name)
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        for key, value in defaults.items():
+            if key not in given and key in signature.parameters:
+                kwargs[key] = value
+                if key in said:
+                    _say(said[key])
+        return original(*args, **kwargs)
+
+    wrapper.__doc__, wrapper.__name__, wrapper.__signature__ = original.__doc__, original.__name__, signature
+    setattr(module, name, wrapper)
+
+
+def _horovod_defaults(settings: Settings, compression_module: str, keras: bool = False) -> tuple[dict, dict]:
+    defaults, said = {}, {}
+    if settings.compression == "fp16":
+        import importlib
+        defaults["compression"] = importlib.import_module(compression_module).Compression.fp16
+        said["compression"] = "fp16 compression (hvd.Compression.fp16)"
+    if settings.accumulation > 1:
+        defaults["backward_passes_per_step"] = settings.accumulation
+        said["backward_passes_per_step"] = (f"accumulation of {settings.accumulation} batches per synchronization "
+                                            f"(backward_passes_per_step)")
+        if keras:
+            defaults["average_aggregated_gradients"] = True
+    return defaults, said
+
+
+def _patch_horovod_torch(module, settings: Settings) -> None:
+    _with_defaults(module, "DistributedOptimizer", *_horovod_defaults(settings, "horovod.torch.compression"))
+
+
+def _patch_horovod_tensorflow(module, settings: Settings) -> None:
+    defaults, said = _horovod_defaults(settings, "horovod.tensorflow.compression")
+    for name in ("DistributedOptimizer", "DistributedGradientTape"):
+        _with_defaults(module, name, defaults, said)
+
+
+def _patch_horovod_keras(module, settings: Settings) -> None:
+    _with_defaults(module, "DistributedOptimizer",
+                   *_horovod_defaults(settings, "horovod.tensorflow.compression", keras=True))
+
+
+_installed: list[Settings] = []
+
+
+def install(env=None) -> None:
+    """Patch what the job's settings need, once per process (a second call does nothing)."""
+    settings = Settings(os.environ if env is None else env)
+    if settings.default or _installed:
+        return
+    _installed.append(settings)
+    after_import(DDP_MODULE, lambda m: _patch_ddp(m, settings))
+    if settings.accumulation > 1:
+        after_import(OPTIMIZER_MODULE, lambda m: _patch_optimizer(m, settings))
+    after_import("horovod.torch.optimizer", lambda m: _patch_horovod_torch(m, settings))
+    after_import("horovod.tensorflow", lambda m: _patch_horovod_tensorflow(m, settings))
+    for keras in ("horovod.tensorflow.keras", "horovod.keras"):
+        after_import(keras, lambda m: _patch_horovod_keras(m, settings))
