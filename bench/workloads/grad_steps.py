@@ -1,0 +1,56 @@
+"""Step time of a ~25M-parameter model under DDP on synthetic data, for bench/grad_sync.py.
+Written against torch's own API (DDP(model)): GRAD_COMPRESSION and GRAD_ACCUMULATION act
+on it through the image. One "micro-batch" is a forward and backward pass of --batch
+samples followed by optimizer.step(); under GRAD_ACCUMULATION=N only every Nth syncs and
+steps.
+
+    python grad_steps.py --warmup 4 --steps 12
+prints 'GRADSTEPS rank=R params=P per_batch=S loss0=L loss=L' (S: median seconds per
+micro-batch over the timed steps; each timed step is N micro-batches).
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+p = argparse.ArgumentParser()
+p.add_argument("--warmup", type=int, default=4)
+p.add_argument("--steps", type=int, default=12)
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--width", type=int, default=4096)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+n = int(os.environ.get("GRAD_ACCUMULATION", "1"))
+torch.manual_seed(0)
+w = args.width
+model = torch.nn.Sequential(torch.nn.Linear(w // 2, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                            torch.nn.Linear(w, 10))
+params = sum(q.numel() for q in model.parameters())
+model = DDP(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(rank)
+x = torch.randn(args.batch, w // 2, generator=g)
+y = torch.randint(0, 10, (args.batch,), generator=g)
+
+times, losses = [], []
+for step in range(args.warmup + args.steps):
+    start = time.perf_counter()
+    for _ in range(n):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    if step >= args.warmup:
+        times.append((time.perf_counter() - start) / n)
+    losses.append(loss.item())
+print(f"GRADSTEPS rank={rank} params={params} per_batch={statistics.median(times):.4f} "
+      f"loss0={losses[0]:.4f} loss={losses[-1]:.4f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
