@@ -74,7 +74,25 @@ def _comm_hook(settings: Settings):
         return None, default_hooks.bf16_compress_hook
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=settings.powersgd_rank,
                                         start_powerSGD_iter=settings.powersgd_warmup)
-    return state, powerSGD_hook.powerSGD_hook
+    return state, _one_chain_at_a_time_on_cpu(powerSGD_hook.powerSGD_hook)
+
+
+def _one_chain_at_a_time_on_cpu(hook):
+    """powerSGD_hook waits for its second and third all-reduce inside the callbacks of the
+    first, and on CPU tensors those callbacks run on Gloo's own worker threads (two per
+    process group): two buckets' chains in flight block both threads and the job hangs
+    (seen with a 25M-parameter model, and with two 1 MB buckets). On CPU, each bucket's
+    chain therefore ends before the next bucket's hook returns. CUDA buckets (NCCL, whose
+    futures complete on the stream, the path upstream tests) keep overlapping."""
+    import functools
+
+    @functools.wraps(hook)
+    def hook_(state, bucket):
+        future = hook(state, bucket)
+        if not bucket.buffer().is_cuda:
+            future.wait()
+        return future
+    return hook_
 
 
 def _patch_ddp(module, settings: Settings) -> None:

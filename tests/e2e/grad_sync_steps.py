@@ -3,7 +3,7 @@ hvd.DistributedOptimizer), with no disttrain import: whatever GRAD_COMPRESSION,
 GRAD_ACCUMULATION and GRAD_BUCKET_MB do, the image does to it.
 
 Prints, from every rank:
-  HOOKS rank=R ddp_hooks=NAMES bucket_bytes=N          (DDP only) what the running DDP holds
+  HOOKS rank=R ddp_hooks=NAMES bucket_bytes=N buckets=B  (DDP only) what the running DDP holds
   GRADS rank=R step=S fp16=0|1 bf16=0|1 weight_rank=K  the synchronized gradient, as seen
         by the optimizer: whether every value is exactly an fp16 (bf16) number, and the
         matrix rank of the first layer's gradient (PowerSGD sends a rank-r approximation)
@@ -24,6 +24,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--micro", type=int, default=int(os.environ.get("GRAD_ACCUMULATION", "1")),
                help="micro-batches per update (the script's loop does nothing else with it)")
+p.add_argument("--wide", type=int, default=0,
+               help="a W x W hidden layer in the middle: parameters enough for several DDP buckets")
 args = p.parse_args()
 
 horovod = os.environ.get("LAUNCHER") == "horovod"
@@ -38,12 +40,16 @@ else:
     rank, world = dist.get_rank(), dist.get_world_size()
 
 torch.manual_seed(0)
-IN, HIDDEN, BATCH, LR = 32, 24, 16, 0.05
+IN, HIDDEN, BATCH = 32, 24, 16
+LR = 0.01 if args.wide else 0.05              # the wide net diverges at 0.05
 TRUE = torch.randn(IN, 1)
 
 
 def net():
     torch.manual_seed(1)
+    if args.wide:
+        return torch.nn.Sequential(torch.nn.Linear(IN, args.wide), torch.nn.Tanh(),
+                                   torch.nn.Linear(args.wide, args.wide), torch.nn.Tanh(), torch.nn.Linear(args.wide, 1))
     return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
 
 
@@ -107,10 +113,12 @@ for step in range(args.steps):
     if step == 0:
         diff = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), reference.parameters()))
         print(f"FIRST rank={rank} max_diff={diff:.3g}", flush=True)
-        if not horovod:
-            hooks = ",".join(h.__name__ for h, _ in model._comm_hooks) or "none"
-            print(f"HOOKS rank={rank} ddp_hooks={hooks} bucket_bytes={model.bucket_bytes_cap}", flush=True)
 
+if not horovod:       # at the end: DDP sizes its buckets again after the first iteration
+    hooks = ",".join(h.__name__ for h, _ in model._comm_hooks) or "none"
+    logged = model._get_ddp_logging_data()
+    buckets = len(logged.get("rebuilt_bucket_sizes", logged.get("bucket_sizes", "")).split(", "))
+    print(f"HOOKS rank={rank} ddp_hooks={hooks} bucket_bytes={model.bucket_bytes_cap} buckets={buckets}", flush=True)
 after = loss_of(trained, fixed_x, fixed_y).item()
 digest = hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in trained.parameters())).hexdigest()[:16]
 print(f"DONE rank={rank} before={before:.4f} after={after:.4f} digest={digest}", flush=True)

@@ -43,13 +43,14 @@ CASES = {
 
 @pytest.mark.parametrize("compression", list(CASES))
 def test_ddp_compression_shows_in_the_gradients_and_training_converges(jobs, compression):
-    codes, output = jobs.run(2, ["--steps", "40"], ENTRYPOINT=SCRIPT, GRAD_COMPRESSION=compression,
+    codes, output = jobs.run(2, ["--steps", "40", "--wide", "600"], ENTRYPOINT=SCRIPT, GRAD_COMPRESSION=compression,
                              POWERSGD_RANK=2, POWERSGD_WARMUP=5, GRAD_BUCKET_MB=1)
     assert codes == [0, 0], output[-4000:]
     hooks = lines(output, "HOOKS")
     assert [h["ddp_hooks"] for h in hooks] == [f"{'powerSGD' if compression == 'powersgd' else compression}_"
                                                f"{'hook' if compression == 'powersgd' else 'compress_hook'}"] * 2
     assert {h["bucket_bytes"] for h in hooks} == {str(1024 * 1024)}
+    assert all(int(h["buckets"]) >= 2 for h in hooks), hooks          # several hooks' chains at once
     assert "disttrain: gradients: " in output
     last = grads(output, 39)
     assert len(last) == 2 and all(CASES[compression](g) for g in last), last
