@@ -24,19 +24,18 @@ class Support:
 
 _DDP = Support(
     compressions=("none", "fp16", "bf16", "powersgd"),
-    accumulation="DDP's no_sync() on all but the last micro-batch, one optimizer step per GRAD_ACCUMULATION",
+    accumulation="DDP's no_sync() on N-1 of every N micro-batches; the optimizer steps every N calls",
     bucket="DDP's bucket_cap_mb",
     mechanisms={"fp16": "DDP comm hook fp16_compress_hook", "bf16": "DDP comm hook bf16_compress_hook",
                 "powersgd": "DDP comm hook powerSGD_hook (error feedback, warm start)"})
 _HOROVOD_TORCH = Support(
     compressions=("none", "fp16"),
-    accumulation="hvd.DistributedOptimizer(backward_passes_per_step=GRAD_ACCUMULATION)",
+    accumulation="hvd.DistributedOptimizer(backward_passes_per_step=N); the optimizer steps every N calls",
     bucket="HOROVOD_FUSION_THRESHOLD",
     mechanisms={"fp16": "hvd.Compression.fp16 in hvd.DistributedOptimizer"})
 _HOROVOD_KERAS = Support(
     compressions=("none", "fp16"),
-    accumulation="hvd.DistributedOptimizer(backward_passes_per_step=GRAD_ACCUMULATION, "
-                 "average_aggregated_gradients=True)",
+    accumulation="hvd.DistributedOptimizer(backward_passes_per_step=N, average_aggregated_gradients=True)",
     bucket="HOROVOD_FUSION_THRESHOLD",
     mechanisms={"fp16": "hvd.Compression.fp16 in hvd.DistributedOptimizer and hvd.DistributedGradientTape"})
 _HOROVOD_TF = Support(
@@ -135,7 +134,20 @@ def describe(sync: GradSync, framework: str, launcher: str) -> list[str]:
                  if sync.compression == "powersgd" else "")
         lines.append(f"gradient compression: {sync.compression}{extra}: {can.mechanisms[sync.compression]}")
     if sync.accumulation > 1:
-        lines.append(f"gradient accumulation: {sync.accumulation} micro-batches per synchronization: {can.accumulation}")
+        lines.append(f"gradient accumulation: {sync.accumulation} micro-batches per synchronization: "
+                     + can.accumulation.replace("N-1", str(sync.accumulation - 1)).replace("N", str(sync.accumulation)))
     if sync.bucket_mb is not None:
         lines.append(f"gradient buckets: {sync.bucket_mb} MB: {can.bucket}")
     return lines
+
+
+def table() -> str:
+    """SUPPORT as the markdown table docs/gradient-sync.md carries (a unit test holds them equal)."""
+    rows = ["| FRAMEWORK | LAUNCHER | GRAD_COMPRESSION | GRAD_ACCUMULATION | GRAD_BUCKET_MB |", "|---|---|---|---|---|"]
+    for (framework, launcher), can in SUPPORT.items():
+        compressions = ", ".join(f"`{c}`" for c in can.compressions)
+        if "bf16" in can.compressions:
+            compressions += " (`bf16`: GPUs)"
+        rows.append(f"| {framework} | {launcher} | {compressions} | {can.accumulation or 'not built'} | "
+                    f"{can.bucket or 'not built'} |")
+    return "\n".join(rows)

@@ -4,6 +4,7 @@ import pytest
 
 from entrypoint.contract.config import VARIABLE_NAMES, ConfigError, load_config
 from entrypoint.contract.manifest import Image
+from tests.conftest import ROOT
 
 FRAMEWORKS = ["pytorch", "tensorflow", "keras"]
 LAUNCHERS = ["native", "horovod", "mpi"]
@@ -109,7 +110,7 @@ def test_bad_value_names_variable_value_and_allowed(env, names, allowed):
 
 
 def reference_page() -> str:
-    return (__import__("tests.conftest", fromlist=["ROOT"]).ROOT / "docs" / "configuration.md").read_text()
+    return (ROOT / "docs" / "configuration.md").read_text()
 
 
 def test_every_variable_is_documented_in_the_configuration_reference():
@@ -301,3 +302,12 @@ def test_gradient_strategies_reach_the_ranks_as_the_framework_spells_them():
     assert config().grad_sync.default and describe(config().grad_sync, "pytorch", "native") == []
     hvd = config(GRAD_COMPRESSION="fp16", GRAD_BUCKET_MB=8, LAUNCHER="horovod")
     assert "hvd.Compression.fp16" in describe(hvd.grad_sync, "pytorch", "horovod")[0]
+
+
+def test_the_gradient_strategies_page_shows_the_table_the_entrypoint_enforces():
+    """docs/gradient-sync.md's support table is grad_sync.table(), the rule's own table
+    (fix: paste the output of python -c 'from entrypoint.contract.grad_sync import table; print(table())')."""
+    from entrypoint.contract.grad_sync import table
+    page = (ROOT / "docs" / "gradient-sync.md").read_text()
+    shown = page.split("<!-- SUPPORT -->\n", 1)[1].split("\n<!-- /SUPPORT -->", 1)[0]
+    assert shown == table()

@@ -77,8 +77,8 @@ def test_explain_says_which_gradient_strategy_applies_by_which_mechanism():
     said = [line.split("gradients:", 1)[1].strip() for line in result.stdout.splitlines() if "gradients:" in line]
     assert said == ["gradient compression: powersgd (rank 4, plain all-reduce for the first 10 steps): DDP comm "
                     "hook powerSGD_hook (error feedback, warm start)",
-                    "gradient accumulation: 2 micro-batches per synchronization: DDP's no_sync() on all but the "
-                    "last micro-batch, one optimizer step per GRAD_ACCUMULATION",
+                    "gradient accumulation: 2 micro-batches per synchronization: DDP's no_sync() on 1 of every 2 "
+                    "micro-batches; the optimizer steps every 2 calls",
                     "gradient buckets: 50 MB: DDP's bucket_cap_mb"], result.stdout
 
 
