@@ -479,6 +479,26 @@ def test_torch_distributed_script_under_launcher_horovod_joins_one_group(image, 
     assert_replicas_agree(job.logs(), 2)
 
 
+def test_compose_gradient_strategies_reach_a_plain_ddp_script_in_both_containers(image, project, tmp_path):
+    """GRAD_COMPRESSION and GRAD_ACCUMULATION through compose, applied by the image's
+    per-interpreter hook to a script that only uses torch's DDP: PowerSGD's hook in both
+    running DDPs and low-rank gradients on the wire, and the first update equal to one step
+    on the combined batch of both containers' micro-batches."""
+    script = (ROOT / "tests/e2e/grad_sync_steps.py").read_text()
+    job = project(CODE_PATH=str(code_dir(tmp_path, train__py=script)), TRAIN_ARGS="--steps 24",
+                  GRAD_COMPRESSION="powersgd", GRAD_ACCUMULATION="2")
+    run = job.compose("up", "--abort-on-container-exit", timeout=300)
+    output = job.logs()
+    assert run.returncode == 0 and set(job.exit_codes().values()) == {0}, output[-3000:]
+    seen = {kind: [dict(re.findall(r"(\w+)=(\S+)", line)) for line in re.findall(rf"{kind} (rank=.*)", output)]
+            for kind in ("HOOKS", "GRADS", "FIRST", "DONE")}
+    assert [h["ddp_hooks"] for h in seen["HOOKS"]] == ["powerSGD_hook"] * 2, output[-3000:]
+    last = [g for g in seen["GRADS"] if g["step"] == "23"]
+    assert len(last) == 2 and all(int(g["weight_rank"]) <= 4 for g in last), last      # full rank: 24
+    assert len(seen["FIRST"]) == 2 and all(float(f["max_diff"]) < 1e-6 for f in seen["FIRST"]), seen["FIRST"]
+    assert len(seen["DONE"]) == 2 and len({d["digest"] for d in seen["DONE"]}) == 1, seen["DONE"]
+
+
 def test_a_rank_stalled_in_one_container_is_named_and_both_containers_end_with_124(image, project, tmp_path):
     """Global rank 1 (the worker's) stops at step 15 while rank 0 waits in the allreduce: both
     containers dump their stacks, say the same line, and exit 124 within HANG_TIMEOUT + 10 s."""
