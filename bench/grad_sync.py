@@ -69,8 +69,9 @@ def limit(veth: str, rate: str) -> None:
                     "latency", "100ms"], check=True)
 
 
-def containers_run(image: str, strategy: dict, link: str, steps: int) -> float:
-    """Both nodes' median seconds per micro-batch (the slower rank's)."""
+def containers_run(image: str, strategy: dict, link: str, steps: int) -> tuple[float, int]:
+    """Both nodes' median seconds per micro-batch (the slower rank's), and the bytes the
+    master's container sent per micro-batch."""
     tag = uuid.uuid4().hex[:8]
     net = f"gradsync-{tag}"
     docker("network", "create", net)
@@ -89,10 +90,10 @@ def containers_run(image: str, strategy: dict, link: str, steps: int) -> float:
         logs = "".join(subprocess.run(["docker", "logs", name], capture_output=True, text=True).stdout
                        + subprocess.run(["docker", "logs", name], capture_output=True, text=True).stderr
                        for name in names)
-        times = [float(t) for t in re.findall(r"GRADSTEPS rank=\d+ params=\d+ per_batch=([\d.]+)", logs)]
-        if codes != [0, 0] or len(times) != 2:
+        found = re.findall(r"GRADSTEPS rank=(\d+) params=\d+ per_batch=([\d.]+) sent_per_batch=(\d+)", logs)
+        if codes != [0, 0] or len(found) != 2:
             raise RuntimeError(f"{strategy} at {link}: exit {codes}\n{logs[-3000:]}")
-        return max(times)
+        return max(float(t) for _, t, _ in found), next(int(b) for r, _, b in found if r == "0")
     finally:
         docker("rm", "-f", *names, check=False)
         docker("network", "rm", net, check=False)
@@ -117,9 +118,10 @@ def example_losses(strategies: list[str], steps: int) -> dict[str, float]:
 
 
 def table(rows: list[dict], losses: dict[str, float]) -> str:
-    lines = ["| link | strategy | s per batch | x none |", "|---|---|---|---|"]
+    lines = ["| link | strategy | s per batch | x none | MB sent per batch |", "|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['link']} | {row['strategy']} | {row['seconds']:.3f} | {row['ratio']:.2f} |")
+        lines.append(f"| {row['link']} | {row['strategy']} | {row['seconds']:.3f} | {row['ratio']:.2f} | "
+                     f"{row['sent'] / 1e6:.2f} |")
     lines += ["", "| bundled example | final loss | x none |", "|---|---|---|"]
     lines += [f"| {name} | {loss:.4f} | {loss / losses['none']:.3f} |" for name, loss in losses.items()]
     return "\n".join(lines)
@@ -158,9 +160,9 @@ def main() -> None:
     rows = []
     for link in LINKS:
         for name, strategy in STRATEGIES.items():
-            seconds = containers_run(args.image, strategy, link, args.steps)
-            rows.append(dict(link=link, strategy=name, seconds=seconds))
-            print(f"{link:>9} {name:>12}: {seconds:.3f} s per batch", flush=True)
+            seconds, sent = containers_run(args.image, strategy, link, args.steps)
+            rows.append(dict(link=link, strategy=name, seconds=seconds, sent=sent))
+            print(f"{link:>9} {name:>12}: {seconds:.3f} s per batch, {sent / 1e6:.2f} MB sent", flush=True)
     for row in rows:
         row["ratio"] = row["seconds"] / next(r["seconds"] for r in rows if r["link"] == row["link"]
                                              and r["strategy"] == "none")

@@ -5,8 +5,9 @@ samples followed by optimizer.step(); under GRAD_ACCUMULATION=N only every Nth s
 steps.
 
     python grad_steps.py --warmup 4 --steps 12
-prints 'GRADSTEPS rank=R params=P per_batch=S loss0=L loss=L' (S: median seconds per
-micro-batch over the timed steps; each timed step is N micro-batches).
+prints 'GRADSTEPS rank=R params=P per_batch=S sent_per_batch=B loss0=L loss=L' (S: median
+seconds per micro-batch over the timed steps, each timed step N micro-batches; B: bytes this
+container's eth0 sent per micro-batch over the timed steps, as the kernel counts them).
 """
 
 import argparse
@@ -39,8 +40,20 @@ g = torch.Generator().manual_seed(rank)
 x = torch.randn(args.batch, w // 2, generator=g)
 y = torch.randint(0, 10, (args.batch,), generator=g)
 
-times, losses = [], []
+
+
+def sent() -> int:
+    try:
+        with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:                         # not in a container with an eth0
+        return 0
+
+
+times, losses, sent_from = [], [], 0
 for step in range(args.warmup + args.steps):
+    if step == args.warmup:
+        sent_from = sent()
     start = time.perf_counter()
     for _ in range(n):
         optimizer.zero_grad()
@@ -50,7 +63,8 @@ for step in range(args.warmup + args.steps):
     if step >= args.warmup:
         times.append((time.perf_counter() - start) / n)
     losses.append(loss.item())
-print(f"GRADSTEPS rank={rank} params={params} per_batch={statistics.median(times):.4f} "
+sent_per_batch = (sent() - sent_from) // (args.steps * n)
+print(f"GRADSTEPS rank={rank} params={params} per_batch={statistics.median(times):.4f} sent_per_batch={sent_per_batch} "
       f"loss0={losses[0]:.4f} loss={losses[-1]:.4f}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
