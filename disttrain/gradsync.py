@@ -178,18 +178,27 @@ def _patch_optimizer(module, settings: Settings) -> None:
 # --------------------------------------------------------------------------- Horovod
 
 def _with_defaults(module, name: str, defaults: dict, said: dict) -> None:
-    """module.name(...) with `defaults` for the keywords the caller did not pass."""
+    """module.name(...) with `defaults` for the keywords the caller left at the function's own
+    default. Horovod's own examples pass `compression=hvd.Compression.none` explicitly: that
+    is no choice, and the job's setting applies; a script's other value is kept, and said."""
     original = getattr(module, name)
     signature = inspect.signature(original)
 
     def wrapper(*args, **kwargs):
-        given = signature.bind_partial(*args, **kwargs).arguments
+        bound = signature.bind_partial(*args, **kwargs)
         for key, value in defaults.items():
-            if key not in given and key in signature.parameters:
-                kwargs[key] = value
-                if key in said:
-                    _say(said[key])
-        return original(*args, **kwargs)
+            if key not in signature.parameters:
+                continue
+            default = signature.parameters[key].default
+            if key in bound.arguments and not (bound.arguments[key] is default or bound.arguments[key] == default):
+                if key in said and bound.arguments[key] != value:
+                    chosen = getattr(bound.arguments[key], "__name__", bound.arguments[key])
+                    _say(f"{said[key]} not applied: the script passes {key}={chosen}")
+                continue
+            bound.arguments[key] = value
+            if key in said:
+                _say(said[key])
+        return original(*bound.args, **bound.kwargs)
 
     wrapper.__doc__, wrapper.__name__, wrapper.__signature__ = original.__doc__, original.__name__, signature
     setattr(module, name, wrapper)

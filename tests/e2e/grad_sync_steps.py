@@ -76,8 +76,9 @@ fixed_x, fixed_y = batch(10**6, 0, 0)
 before = loss_of(model, fixed_x, fixed_y).item()
 if horovod:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # compression=none passed explicitly, as Horovod's own examples do: no choice of the script's
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                         named_parameters=model.named_parameters())
+                                         named_parameters=model.named_parameters(), compression=hvd.Compression.none)
     trained = model
 else:
     model = DDP(model)

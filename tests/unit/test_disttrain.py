@@ -246,3 +246,25 @@ def test_a_rank_that_mpirun_or_horovodrun_started_on_one_host_meets_the_others_o
     across = {**mpi, "OMPI_COMM_WORLD_SIZE": "4"}
     with pytest.raises(RuntimeError, match="more than one host .* set MASTER_ADDR"):
         torch_helpers._one_host_rendezvous(RankInfo.from_env(across), across)
+
+
+def test_gradsync_sets_horovods_arguments_a_script_left_at_their_defaults_and_keeps_its_choices(capsys):
+    """Horovod's own examples pass compression=hvd.Compression.none explicitly: no choice,
+    the job's setting applies; a value of the script's own is kept and said."""
+    import types
+
+    from disttrain import gradsync
+
+    def distributed_optimizer(optimizer, compression="none", backward_passes_per_step=1):
+        return compression, backward_passes_per_step
+
+    module = types.SimpleNamespace(DistributedOptimizer=distributed_optimizer)
+    gradsync._said.clear()
+    gradsync._with_defaults(module, "DistributedOptimizer", {"compression": "fp16", "backward_passes_per_step": 4},
+                            {"compression": "fp16 compression", "backward_passes_per_step": "accumulation of 4"})
+    assert module.DistributedOptimizer("opt") == ("fp16", 4)
+    assert module.DistributedOptimizer("opt", compression="none") == ("fp16", 4)
+    assert module.DistributedOptimizer("opt", "none", 2) == ("fp16", 2)
+    said = capsys.readouterr().err
+    assert "disttrain: gradients: fp16 compression\n" in said
+    assert "accumulation of 4 not applied: the script passes backward_passes_per_step=2" in said
