@@ -6,6 +6,8 @@ Prints, from every rank:
   FIRST rank=R max_diff=D    after fit() on --batches batches: the weights against one
                              plain SGD step on every rank's batches together
   GRADS rank=R fp16=0|1      a gradient from hvd.DistributedGradientTape: exactly fp16 numbers?
+  KERAS rank=R fp16=0|1      a gradient through the running Keras optimizer's own all-reduce
+                             (the function fit() applies gradients with): exactly fp16 numbers?
 """
 
 import argparse
@@ -55,8 +57,19 @@ model.fit(np.concatenate([x for x, _ in mine]), np.concatenate([y for _, y in mi
 diff = max(float(np.abs(a - b.numpy()).max()) for a, b in zip(expected, model.trainable_variables))
 print(f"FIRST rank={rank} max_diff={diff:.3g}", flush=True)
 
+
+
+def fp16(grad) -> int:
+    grad = np.asarray(grad)
+    return int(np.array_equal(grad, grad.astype(np.float16).astype(np.float32)))
+
+
 x, y = batch(99, rank)
 with tf.GradientTape() as tape:
     loss = tf.reduce_mean(tf.square(model(x) - y))
+local = tape.gradient(loss, model.trainable_variables)
+print(f"KERAS rank={rank} fp16={fp16(optimizer._allreduce_grads(local, model.trainable_variables)[0])}", flush=True)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(tf.square(model(x) - y))
 grad = hvd_tf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)[0].numpy()
-print(f"GRADS rank={rank} fp16={int(np.array_equal(grad, grad.astype(np.float16).astype(np.float32)))}", flush=True)
+print(f"GRADS rank={rank} fp16={fp16(grad)}", flush=True)

@@ -12,6 +12,7 @@ Prints, from every rank:
   FIRST rank=R max_diff=D                              the first update against one plain
         SGD step on the combined batch of every rank's micro-batches
   DONE rank=R before=L0 after=L1 digest=HEX            loss on a fixed batch, parameters' hash
+  FUSION rank=R threshold=BYTES                        (Horovod only) the fusion buffer Horovod reads
 """
 
 import argparse
@@ -33,6 +34,7 @@ if horovod:
     import horovod.torch as hvd
     hvd.init()
     rank, world = hvd.rank(), hvd.size()
+    print(f"FUSION rank={rank} threshold={os.environ.get('HOROVOD_FUSION_THRESHOLD', 'unset')}", flush=True)
 else:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -57,6 +57,20 @@ def test_ddp_compression_shows_in_the_gradients_and_training_converges(jobs, com
     check_converged(output)
 
 
+def test_ddp_under_mpirun_gets_the_same_strategies(jobs):
+    """LAUNCHER=mpi: the ranks mpirun starts build the same DDP, and get the same hook and
+    accumulation: PowerSGD after its warm-up, the first update the combined batch's."""
+    codes, output = jobs.run(1, ["--steps", "16"], ENTRYPOINT=SCRIPT, LAUNCHER="mpi", NPROC_PER_NODE=2,
+                             GRAD_COMPRESSION="powersgd", POWERSGD_RANK=1, POWERSGD_WARMUP=4, GRAD_ACCUMULATION=2)
+    assert codes == [0], output[-4000:]
+    assert [h["ddp_hooks"] for h in lines(output, "HOOKS")] == ["powerSGD_hook"] * 2, output[-3000:]
+    last = grads(output, 15)
+    assert len(last) == 2 and all(int(g["weight_rank"]) == 1 for g in last), last
+    first = lines(output, "FIRST")
+    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-6 for f in first), first
+    check_converged(output)
+
+
 def test_with_the_defaults_the_same_checks_fail(jobs):
     """The control: the same script with the defaults and 4 micro-batches of its own per
     update: full-precision, full-rank gradients, no hook, and a first update that is not the
@@ -87,8 +101,10 @@ def test_accumulation_equals_one_step_on_the_combined_batch(jobs, launcher):
 
 
 def test_horovod_fp16_compression_shows_in_the_gradients(jobs):
-    codes, output = jobs.run(2, ["--steps", "40"], ENTRYPOINT=SCRIPT, LAUNCHER="horovod", GRAD_COMPRESSION="fp16")
+    codes, output = jobs.run(2, ["--steps", "40"], ENTRYPOINT=SCRIPT, LAUNCHER="horovod", GRAD_COMPRESSION="fp16",
+                             GRAD_BUCKET_MB=8)
     assert codes == [0, 0], output[-4000:]
+    assert [f["threshold"] for f in lines(output, "FUSION")] == [str(8 * 1024 * 1024)] * 2
     assert "disttrain: gradients: fp16 compression (hvd.Compression.fp16)" in output
     last = grads(output, 39)
     assert len(last) == 2 and all(g["fp16"] == "1" for g in last), last
@@ -102,6 +118,14 @@ def test_keras_accumulation_is_horovods_aggregation_and_equals_the_combined_batc
     first = lines(output, "FIRST")
     assert len(first) == 2 and all(float(f["max_diff"]) < 1e-6 for f in first), first
     assert [g["fp16"] for g in lines(output, "GRADS")] == ["0", "0"]
+    assert [g["fp16"] for g in lines(output, "KERAS")] == ["0", "0"]
+
+
+def test_keras_fp16_compression_shows_in_the_optimizers_own_allreduce(jobs):
+    codes, output = jobs.run(2, [], ENTRYPOINT=KERAS, FRAMEWORK="keras", LAUNCHER="horovod", GRAD_COMPRESSION="fp16")
+    assert codes == [0, 0], output[-4000:]
+    assert [g["fp16"] for g in lines(output, "KERAS")] == ["1", "1"], output[-3000:]
+    assert all(float(f["max_diff"]) < 1e-3 for f in lines(output, "FIRST")), output[-3000:]   # and it trains
 
 
 def test_tensorflow_fp16_compression_shows_in_the_gradient_tapes_gradients(jobs):
