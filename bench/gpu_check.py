@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """GPU truth in one call: on a CUDA host without Docker, build Horovod with NCCL against the
 host's torch and NCCL wheel, check the build, train through the entrypoint on the GPU, show
-the entrypoint's preflight, and time 256 MB allreduces; one verdict line per step, all
-within 8 minutes.
+the entrypoint's preflight, time 256 MB allreduces, and the gradient compressions on NCCL
+(bf16 needs it); one verdict line per step, all within 8 minutes.
 
     bench/gpu_check.sh --prepare     with a package index: fetch what the GPU host cannot
-    bench/gpu_check.sh               on the GPU host: the six steps
+    bench/gpu_check.sh               on the GPU host: the seven steps
     bench/gpu_check.sh --rehearse    on a machine without a GPU: the same steps on the CPU
     bench/gpu_check.sh --list        the steps and their time limits
 
@@ -512,7 +512,44 @@ def step_allreduce(check: Check) -> tuple[bool, str]:
     return all(r["ok"] for r in rows), f"256 MB x {check.nproc} process(es){note}: " + "; ".join(verdicts)
 
 
-# --------------------------------------------------------------------------- 6. budget
+# --------------------------------------------------------------------------- 6. gradients
+
+GRADIENT_GOAL = 0.02                 # issue 37: fp16's and bf16's final loss within 2 % of none's
+
+
+def step_gradients(check: Check) -> tuple[bool, str]:
+    """GRAD_COMPRESSION on NCCL (bf16 needs it), through the entrypoint: the 25M-parameter DDP
+    workload of bench/grad_sync.py on each GPU of this host, per compression: seconds per
+    batch (one GPU: the compression's own cost; several: the links too) and the final loss."""
+    compressions = ["none", "fp16", "powersgd"] + ([] if check.rehearse else ["bf16"])
+    rows, problems = {}, []
+    for i, compression in enumerate(compressions):
+        env = check.env(FRAMEWORK="pytorch", TRAIN_MODE="local", ENTRYPOINT=WORKLOADS / "grad_steps.py",
+                        CHECKPOINT_DIR=check.work / "checkpoints-grad", GRAD_COMPRESSION=compression,
+                        POWERSGD_WARMUP=2)
+        code, out, _ = check.command(f"gradients {compression}", entrypoint("--warmup", "3", "--steps", "20"), env,
+                                     check.remaining() / (len(compressions) - i))
+        found = re.search(r"GRADSTEPS rank=0 params=\d+ per_batch=([\d.]+) \S+ loss0=([\d.]+) loss=([\d.]+)", out)
+        said = "disttrain: gradients: " in out
+        if code != 0 or not found or (compression != "none") != said:
+            problems.append(f"{compression}: exit {code}" + ("" if found else ", no GRADSTEPS line")
+                            + ("" if (compression != "none") == said else f", said {said}") + f": {tail(out, 2)}")
+            continue
+        rows[compression] = dict(seconds=float(found[1]), loss0=float(found[2]), loss=float(found[3]))
+    check.results["gradients"] = rows
+    if "none" in rows:
+        base = rows["none"]
+        for name, row in rows.items():
+            row.update(ratio=row["seconds"] / base["seconds"], loss_ratio=row["loss"] / base["loss"])
+            if name in ("fp16", "bf16") and abs(row["loss_ratio"] - 1) > GRADIENT_GOAL:
+                problems.append(f"{name}: final loss {row['loss']:.4f}, {row['loss_ratio']:.3f}x none's")
+    text = ", ".join(f"{k} {v['seconds'] * 1e3:.1f} ms/batch loss {v['loss']:.4f}"
+                     + (f" ({v['ratio']:.2f}x, loss {v['loss_ratio']:.3f}x)" if "ratio" in v else "")
+                     for k, v in rows.items())
+    return not problems, f"{check.nproc} process(es): " + (text or "no run") + ("; " + "; ".join(problems) if problems else "")
+
+
+# --------------------------------------------------------------------------- 7. budget
 
 def step_budget(check: Check) -> tuple[bool, str]:
     total, budget = time.monotonic() - check.started, BUDGET_S * check.scale
@@ -528,11 +565,13 @@ STEPS = (
     Step(1, "build", f"Horovod {HOROVOD} from its sdist, patched, HOROVOD_GPU_OPERATIONS=NCCL", 210, step_build),
     Step(2, "check-build", "horovodrun --check-build lists NCCL", 30, step_check_build),
     Step(3, "train", "entrypoint on the GPU: torchrun (NCCL) and LAUNCHER=horovod, cuda:0, loss down, exit 0",
-         110, step_train),
-    Step(4, "preflight", "the entrypoint's preflight on this host: GPU count, /dev/shm, NIC choice", 45,
+         100, step_train),
+    Step(4, "preflight", "the entrypoint's preflight on this host: GPU count, /dev/shm, NIC choice", 40,
          step_preflight),
-    Step(5, "allreduce", "256 MB allreduces through Horovod and torch.distributed (NCCL), timed", 75, step_allreduce),
-    Step(6, "budget", "within 8 minutes end to end, a time limit on each step", 0, step_budget),
+    Step(5, "allreduce", "256 MB allreduces through Horovod and torch.distributed (NCCL), timed", 60, step_allreduce),
+    Step(6, "gradients", "GRAD_COMPRESSION none, fp16, powersgd, bf16 on NCCL: time per batch, final loss within 2 %",
+         40, step_gradients),
+    Step(7, "budget", "within 8 minutes end to end, a time limit on each step", 0, step_budget),
 )
 
 

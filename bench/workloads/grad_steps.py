@@ -26,19 +26,23 @@ p.add_argument("--batch", type=int, default=32)
 p.add_argument("--width", type=int, default=4096)
 args = p.parse_args()
 
-dist.init_process_group("gloo")
+gpu = torch.cuda.is_available()            # the GPU check (bench/gpu_check.py) runs it on NCCL
+device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if gpu else "cpu")
+if gpu:
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if gpu else "gloo")
 rank = dist.get_rank()
 n = int(os.environ.get("GRAD_ACCUMULATION", "1"))
 torch.manual_seed(0)
 w = args.width
 model = torch.nn.Sequential(torch.nn.Linear(w // 2, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
-                            torch.nn.Linear(w, 10))
+                            torch.nn.Linear(w, 10)).to(device)
 params = sum(q.numel() for q in model.parameters())
-model = DDP(model)
+model = DDP(model, device_ids=[device.index] if gpu else None)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 g = torch.Generator().manual_seed(rank)
-x = torch.randn(args.batch, w // 2, generator=g)
-y = torch.randint(0, 10, (args.batch,), generator=g)
+x = torch.randn(args.batch, w // 2, generator=g).to(device)
+y = torch.randint(0, 10, (args.batch,), generator=g).to(device)
 
 
 
@@ -60,6 +64,8 @@ for step in range(args.warmup + args.steps):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
+    if gpu:
+        torch.cuda.synchronize()
     if step >= args.warmup:
         times.append((time.perf_counter() - start) / n)
     losses.append(loss.item())
