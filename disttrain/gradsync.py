@@ -19,7 +19,9 @@ with the defaults it does nothing. Else it patches, as each is imported:
   Every torch optimizer, with GRAD_ACCUMULATION=N: `step()` applies once every N calls,
     `zero_grad()` only after an applied step, and each parameter's gradient is scaled by
     1/N as it arrives, so that the update is one step on the mean over the N micro-batches:
-    with equal micro-batches, the step on their combined batch.
+    with equal micro-batches, the step on their combined batch. AMP's GradScaler
+    (unscale_, step, update) and gradient clipping (clip_grad_norm_, clip_grad_value_)
+    wait for the applied step too: they see the whole sum, once.
 
 Each process that applies something says so once (rank 0 only): `disttrain: gradients: ...`.
 """
@@ -30,6 +32,7 @@ import inspect
 import os
 import sys
 import types
+import weakref
 
 from .hooks import after_import
 
@@ -142,6 +145,21 @@ def _scale_gradients(parameters, n: int) -> None:
             p._disttrain_scaled = True
 
 
+_gated: "weakref.WeakSet" = weakref.WeakSet()         # the optimizers that step every N calls
+
+
+def _applies_next(optimizer) -> bool:
+    """Whether this optimizer's next step() call is one that applies (ends its N micro-batches)."""
+    n = _installed[0].accumulation
+    return (optimizer._disttrain_calls + 1) % n == 0
+
+
+def _mid_window() -> bool:
+    """Between micro-batches: no gated optimizer's next step applies."""
+    optimizers = list(_gated)
+    return bool(optimizers) and not any(_applies_next(o) for o in optimizers)
+
+
 def _patch_optimizer(module, settings: Settings) -> None:
     optimizer = module.Optimizer
     init = optimizer.__init__
@@ -167,12 +185,62 @@ def _patch_optimizer(module, settings: Settings) -> None:
 
         self.step = types.MethodType(gated_step, self)
         self.zero_grad = types.MethodType(gated_zero_grad, self)
+        _gated.add(self)
         for group in self.param_groups:
             _scale_gradients(group["params"], n)
         _say(f"accumulation of {n} micro-batches per step (the optimizer steps every {n} calls)")
 
     __init__.__doc__ = init.__doc__
     optimizer.__init__ = __init__
+
+
+def _patch_grad_scaler(module, settings: Settings) -> None:
+    """AMP's GradScaler with accumulation: between micro-batches the gradients stay scaled
+    (unscale_ waits), step() only counts, and the scale changes only after an applied step,
+    so the N scaled micro-batches are unscaled once, checked once for inf/NaN, and applied."""
+    scaler = module.GradScaler
+    unscale_, step, update = scaler.unscale_, scaler.step, scaler.update
+
+    def gated(optimizer) -> bool:
+        return optimizer in _gated and not _applies_next(optimizer)
+
+    def unscale(self, optimizer):
+        if gated(optimizer):
+            return None
+        return unscale_(self, optimizer)
+
+    def step_(self, optimizer, *args, **kwargs):
+        self._disttrain_counted = gated(optimizer)
+        if self._disttrain_counted:
+            return optimizer.step()                  # counts the micro-batch; applies nothing
+        return step(self, optimizer, *args, **kwargs)
+
+    def update_(self, new_scale=None):
+        if getattr(self, "_disttrain_counted", False) and new_scale is None:
+            return None
+        return update(self, new_scale)
+
+    for name, original, new in (("unscale_", unscale_, unscale), ("step", step, step_), ("update", update, update_)):
+        new.__doc__, new.__name__ = original.__doc__, original.__name__
+        setattr(scaler, name, new)
+
+
+def _patch_clipping(module, settings: Settings) -> None:
+    """Gradient clipping with accumulation: between micro-batches the gradients are a
+    partial sum, so clipping waits for the applied step (the norm is still returned)."""
+    norm_, value_ = module.clip_grad_norm_, module.clip_grad_value_
+
+    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
+        return norm_(parameters, float("inf") if _mid_window() else max_norm, *args, **kwargs)
+
+    def clip_grad_value_(parameters, clip_value, *args, **kwargs):
+        if _mid_window():
+            return None
+        return value_(parameters, clip_value, *args, **kwargs)
+
+    for new, original in ((clip_grad_norm_, norm_), (clip_grad_value_, value_)):
+        new.__doc__, new.__name__ = original.__doc__, original.__name__
+        setattr(module, original.__name__, new)
 
 
 # --------------------------------------------------------------------------- Horovod
@@ -246,6 +314,8 @@ def install(env=None) -> None:
     after_import(DDP_MODULE, lambda m: _patch_ddp(m, settings))
     if settings.accumulation > 1:
         after_import(OPTIMIZER_MODULE, lambda m: _patch_optimizer(m, settings))
+        after_import("torch.amp.grad_scaler", lambda m: _patch_grad_scaler(m, settings))
+        after_import("torch.nn.utils.clip_grad", lambda m: _patch_clipping(m, settings))
     after_import("horovod.torch.optimizer", lambda m: _patch_horovod_torch(m, settings))
     after_import("horovod.tensorflow", lambda m: _patch_horovod_tensorflow(m, settings))
     for keras in ("horovod.tensorflow.keras", "horovod.keras"):

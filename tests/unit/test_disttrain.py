@@ -268,3 +268,52 @@ def test_gradsync_sets_horovods_arguments_a_script_left_at_their_defaults_and_ke
     said = capsys.readouterr().err
     assert "disttrain: gradients: fp16 compression\n" in said
     assert "accumulation of 4 not applied: the script passes backward_passes_per_step=2" in said
+
+
+GRAD_SCALER_LOOP = r'''
+import os, sys
+from disttrain import gradsync
+gradsync.install({"GRAD_ACCUMULATION": "4"})
+import torch
+
+torch.manual_seed(0)
+xs, ys = torch.randn(4, 8, 6), torch.randn(4, 8, 1)
+make = lambda: torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+torch.manual_seed(1); reference = make()
+torch.manual_seed(1); model = make()
+
+# The reference: one step on the combined batch, its gradient clipped to norm 0.05 by hand.
+grads = torch.autograd.grad(torch.nn.functional.mse_loss(reference(xs.reshape(32, 6)), ys.reshape(32, 1)),
+                            list(reference.parameters()))
+norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
+expected = [p - 0.1 * g * min(1.0, 0.05 / (norm.item() + 1e-6)) for p, g in zip(reference.parameters(), grads)]
+
+# The script's loop as written for AMP with clipping, one micro-batch per call.
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+for k in range(4):
+    optimizer.zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(model(xs[k]), ys[k])).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    scaler.step(optimizer)
+    scaler.update()
+    print("SCALE", k, scaler.get_scale())
+diff = max((p - e).abs().max().item() for p, e in zip(model.parameters(), expected))
+print("DIFF", diff)
+'''
+
+
+def test_accumulation_with_amps_grad_scaler_and_clipping_is_one_clipped_step_on_the_combined_batch():
+    """GradScaler's unscale_/step/update and clip_grad_norm_ in the loop, with GRAD_ACCUMULATION=4:
+    the four scaled micro-batches are unscaled once, clipped once and applied once."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", GRAD_SCALER_LOOP], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    diff = float(out.stdout.split("DIFF ")[1])
+    assert diff < 1e-6, out.stdout
