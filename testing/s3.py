@@ -178,20 +178,26 @@ class CountingProxy:
                     proxy.counts[(self.command, path)] += 1
                     proxy._now[path] += 1
                     proxy.most_at_once[path] = max(proxy.most_at_once[path], proxy._now[path])
-                try:
-                    self._relay(length)
-                finally:
-                    with proxy._lock:
-                        proxy._now[path] -= 1
+                self._relay(length, path)
 
-            def _relay(self, length: int):
+            def _done(self, path: str):
+                """No longer in flight: called before the response reaches the client, which
+                may send its next request the moment it has it (counted after the write, a
+                client that keeps five in flight was once seen with six)."""
+                with proxy._lock:
+                    proxy._now[path] -= 1
+
+            def _relay(self, length: int, path: str):
                 import http.client
-                body = proxy._read_body(self.rfile, length)
-                up = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=120)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                up.request(self.command, self.path, body=body if length else None, headers=headers)
-                resp = up.getresponse()
-                data = resp.read()
+                try:
+                    body = proxy._read_body(self.rfile, length)
+                    up = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=120)
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                    up.request(self.command, self.path, body=body if length else None, headers=headers)
+                    resp = up.getresponse()
+                    data = resp.read()
+                finally:
+                    self._done(path)
                 self.send_response(resp.status, resp.reason)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
