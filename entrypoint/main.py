@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"CHECKPOINT_DIR={str(plan.config.checkpoint_url)!r}: a rank started by an outer "
                                   f"launcher (mpirun, srun) has no node process to upload it; use the image's "
                                   f"launcher (LAUNCHER=mpi, or one container per node) or a shared folder")
-            storage = NodeStorage.prepare(plan.config, env)
+            storage = NodeStorage.prepare(plan.config, env, log.say)
     except ConfigError as exc:
         log.say(str(exc), error=True)
         return EXIT_BAD_INPUT

@@ -151,7 +151,7 @@ class CountingProxy:
     can slow every request body to `put_rate` bytes a second in all (a slow link for
     uploads). It forwards the Host header as sent, so SigV4 signatures still hold."""
 
-    def __init__(self, upstream: SeaweedS3, put_rate: float | None = None):
+    def __init__(self, upstream: SeaweedS3, put_rate: float | None = None, port: int = 0):
         import http.server
         import threading
         from collections import Counter
@@ -222,7 +222,7 @@ class CountingProxy:
                 if not isinstance(error, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
                     print(f"counting proxy: {type(error).__name__}: {error}", file=sys.stderr)
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

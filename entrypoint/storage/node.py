@@ -1,6 +1,6 @@
 """One node's buckets from start to end, for main.py.
 
-    storage = NodeStorage.prepare(plan.config, env)   # before anything: probes (ConfigError)
+    storage = NodeStorage.prepare(plan.config, env, say)   # before anything: probes (ConfigError)
     storage.before_ranks(say)                          # stage the data, fetch the resume
     storage.start_mirror(node_rank, say)               # once the node has joined
     outcome = storage.finish(outcome, deadline, say)   # flush; a failed final upload fails the node
@@ -15,7 +15,7 @@ from ..contract.config import Config, ConfigError
 from ..running.outcome import Outcome
 from .client import endpoint_of, make_client
 from .mirror import CheckpointMirror, report_line
-from .probe import STORE_WAIT_S, check_readable, check_writable
+from .probe import Wait, check_readable, check_writable
 from .resume import fetch_for_resume
 from .stage import stage_data
 
@@ -30,9 +30,11 @@ class NodeStorage:
         self.mirror: CheckpointMirror | None = None
 
     @classmethod
-    def prepare(cls, config: Config, env: dict[str, str]) -> "NodeStorage | None":
-        """None without a bucket URL. Each store answers, and this node may read (data) and
-        write (checkpoints): else one ConfigError. Nothing is fetched yet."""
+    def prepare(cls, config: Config, env: dict[str, str],
+                say: Callable[[str], None] = lambda line: None) -> "NodeStorage | None":
+        """None without a bucket URL. Each store answers (within RDZV_TIMEOUT, saying so while
+        it waits), and this node may read (data) and write (checkpoints): else one
+        ConfigError. Nothing is fetched yet."""
         wanted = {name: url for name, url in (("DATA_DIR", config.data_url), ("CHECKPOINT_DIR", config.checkpoint_url))
                   if url is not None}
         if not wanted:
@@ -43,7 +45,7 @@ class NodeStorage:
                 raise ConfigError(f"{name}={str(url)!r}: oss:// needs its region's endpoint in AWS_ENDPOINT_URL, "
                                   f"e.g. https://oss-cn-hangzhou.aliyuncs.com (docs/storage.md)")
             probe = make_client(url, env, config.s3_addressing_style, attempts=2, connect_timeout=3, read_timeout=10)
-            wait = min(STORE_WAIT_S, config.rdzv_timeout)
+            wait = Wait(config.rdzv_timeout, name, say)
             if name == "CHECKPOINT_DIR":        # written first: a store may make the bucket on a write
                 check_writable(probe, url, name, env, wait)
             check_readable(probe, url, name, env, wait)

@@ -160,6 +160,27 @@ def test_a_node_killed_mid_upload_leaves_the_previous_checkpoint_for_the_resume(
         proxy.close()
 
 
+def test_a_store_that_answers_after_the_node_starts_is_waited_for(jobs, s3, bucket, tmp_path):
+    """The store comes up 4 s after the node (as compose restarts a SeaweedFS beside the
+    job): the node says it is waiting, then probes, trains and uploads as usual."""
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as reserved:
+        port = reserved.getsockname()[1]
+    env = base_env(tmp_path, **{**s3.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}, ENTRYPOINT=STEPS_SCRIPT,
+                   CHECKPOINT_DIR=f"s3://{bucket}/late", CACHE_DIR=str(tmp_path / "c"), RDZV_TIMEOUT="60")
+    node = jobs.track(Node(env, ["--steps", "1"], tmp_path / "n.log"))
+    wait_for(node, "waiting up to RDZV_TIMEOUT=60s", 30)
+    time.sleep(3)
+    proxy = CountingProxy(s3, port=port)
+    try:
+        assert node.wait(60) == 0, node.output[-3000:]
+        assert "CHECKPOINT_DIR: cannot connect to http://127.0.0.1:" in node.output, node.output[-3000:]
+        assert "everything finished is in the bucket" in node.output, node.output[-3000:]
+        assert manifest_files(s3, bucket, "late/")
+    finally:
+        proxy.close()
+
+
 def test_a_stopped_node_flushes_its_last_checkpoint_within_the_grace_period(jobs, s3, bucket, tmp_path):
     """SIGTERM (docker stop) while training: the example checkpoints the step it is at and
     exits; the entrypoint uploads it before its end, says so, and a fresh node resumes there."""
@@ -207,6 +228,8 @@ def test_bad_storage_input_is_one_line_exit_2_and_nothing_started(s3, bucket, tm
     assert len(lines) == 1 and re.search(line, lines[0].removeprefix("entrypoint: ")), lines
     assert "starting" not in proc.stdout and "preflight" not in proc.stdout
     assert "secret-key" not in proc.stdout + proc.stderr        # no credential in the line
+    if "RDZV_TIMEOUT" in given:                                  # the store was waited for, and said so
+        assert "waiting up to RDZV_TIMEOUT=2s" in proc.stdout, proc.stdout
     assert time.monotonic() - started < 30
 
 
