@@ -34,25 +34,12 @@ import sys
 import types
 import weakref
 
+from entrypoint.contract.grad_sync import GradSync
+
 from .hooks import after_import
 
 DDP_MODULE = "torch.nn.parallel.distributed"
 OPTIMIZER_MODULE = "torch.optim.optimizer"
-
-
-class Settings:
-    """The job's choice, read from the process's environment."""
-
-    def __init__(self, env):
-        self.compression = env.get("GRAD_COMPRESSION", "none") or "none"
-        self.accumulation = int(env.get("GRAD_ACCUMULATION") or 1)
-        self.bucket_mb = int(env["GRAD_BUCKET_MB"]) if env.get("GRAD_BUCKET_MB") else None
-        self.powersgd_rank = int(env.get("POWERSGD_RANK") or 4)
-        self.powersgd_warmup = int(env.get("POWERSGD_WARMUP") or 10)
-
-    @property
-    def default(self) -> bool:
-        return self.compression == "none" and self.accumulation == 1 and self.bucket_mb is None
 
 
 _said: set[str] = set()
@@ -69,7 +56,7 @@ def _say(what: str) -> None:
 
 # --------------------------------------------------------------------------- DDP
 
-def _comm_hook(settings: Settings):
+def _comm_hook(settings: GradSync):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     if settings.compression == "fp16":
         return None, default_hooks.fp16_compress_hook
@@ -98,7 +85,7 @@ def _one_chain_at_a_time_on_cpu(hook):
     return hook_
 
 
-def _patch_ddp(module, settings: Settings) -> None:
+def _patch_ddp(module, settings: GradSync) -> None:
     ddp = module.DistributedDataParallel
     init, forward = ddp.__init__, ddp.forward
     bucket_param = inspect.signature(init).parameters.get("bucket_cap_mb")
@@ -160,7 +147,7 @@ def _mid_window() -> bool:
     return bool(optimizers) and not any(_applies_next(o) for o in optimizers)
 
 
-def _patch_optimizer(module, settings: Settings) -> None:
+def _patch_optimizer(module, settings: GradSync) -> None:
     optimizer = module.Optimizer
     init = optimizer.__init__
     n = settings.accumulation
@@ -194,7 +181,7 @@ def _patch_optimizer(module, settings: Settings) -> None:
     optimizer.__init__ = __init__
 
 
-def _patch_grad_scaler(module, settings: Settings) -> None:
+def _patch_grad_scaler(module, settings: GradSync) -> None:
     """AMP's GradScaler with accumulation: between micro-batches the gradients stay scaled
     (unscale_ waits), step() only counts, and the scale changes only after an applied step,
     so the N scaled micro-batches are unscaled once, checked once for inf/NaN, and applied."""
@@ -225,7 +212,7 @@ def _patch_grad_scaler(module, settings: Settings) -> None:
         setattr(scaler, name, new)
 
 
-def _patch_clipping(module, settings: Settings) -> None:
+def _patch_clipping(module, settings: GradSync) -> None:
     """Gradient clipping with accumulation: between micro-batches the gradients are a
     partial sum, so clipping waits for the applied step (the norm is still returned)."""
     norm_, value_ = module.clip_grad_norm_, module.clip_grad_value_
@@ -272,7 +259,7 @@ def _with_defaults(module, name: str, defaults: dict, said: dict) -> None:
     setattr(module, name, wrapper)
 
 
-def _horovod_defaults(settings: Settings, compression_module: str, keras: bool = False) -> tuple[dict, dict]:
+def _horovod_defaults(settings: GradSync, compression_module: str, keras: bool = False) -> tuple[dict, dict]:
     defaults, said = {}, {}
     if settings.compression == "fp16":
         import importlib
@@ -287,28 +274,36 @@ def _horovod_defaults(settings: Settings, compression_module: str, keras: bool =
     return defaults, said
 
 
-def _patch_horovod_torch(module, settings: Settings) -> None:
+def _patch_horovod_torch(module, settings: GradSync) -> None:
     _with_defaults(module, "DistributedOptimizer", *_horovod_defaults(settings, "horovod.torch.compression"))
 
 
-def _patch_horovod_tensorflow(module, settings: Settings) -> None:
+def _patch_horovod_tensorflow(module, settings: GradSync) -> None:
     defaults, said = _horovod_defaults(settings, "horovod.tensorflow.compression")
     for name in ("DistributedOptimizer", "DistributedGradientTape"):
         _with_defaults(module, name, defaults, said)
 
 
-def _patch_horovod_keras(module, settings: Settings) -> None:
+def _patch_horovod_keras(module, settings: GradSync) -> None:
     _with_defaults(module, "DistributedOptimizer",
                    *_horovod_defaults(settings, "horovod.tensorflow.compression", keras=True))
 
 
-_installed: list[Settings] = []
+_installed: list[GradSync] = []
 
 
 def install(env=None) -> None:
     """Patch what the job's settings need, once per process (a second call does nothing)."""
-    settings = Settings(os.environ if env is None else env)
-    if settings.default or _installed:
+    if _installed:
+        return
+    try:
+        settings = GradSync.from_env(os.environ if env is None else env)
+    except ValueError as exc:            # a process the entrypoint did not start (it checks them)
+        if str(exc) not in _said:
+            _said.add(str(exc))
+            sys.stderr.write(f"disttrain: gradients: {exc}; nothing applied\n")
+        return
+    if settings.default:
         return
     _installed.append(settings)
     after_import(DDP_MODULE, lambda m: _patch_ddp(m, settings))

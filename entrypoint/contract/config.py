@@ -600,9 +600,7 @@ def async_fits(v: Values, env: dict) -> Values:
 
 
 def grad_sync_fits(v: Values, env: dict) -> Values:
-    sync = GradSync(v["GRAD_COMPRESSION"], v["POWERSGD_RANK"], v["POWERSGD_WARMUP"], v["GRAD_ACCUMULATION"],
-                    v["GRAD_BUCKET_MB"])
-    line = refusal(sync, v["FRAMEWORK"], v["LAUNCHER"], v["SYNC_MODE"])
+    line = refusal(GradSync.from_values(v), v["FRAMEWORK"], v["LAUNCHER"], v["SYNC_MODE"])
     if line:
         raise ConfigError(line)
     return {}

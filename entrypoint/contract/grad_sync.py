@@ -10,6 +10,7 @@ read the same table. disttrain/gradsync.py applies it inside the training proces
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 
@@ -69,6 +70,28 @@ class GradSync:
     powersgd_warmup: int = 10
     accumulation: int = 1
     bucket_mb: int | None = None
+
+    @classmethod
+    def from_values(cls, v: Mapping[str, object]) -> "GradSync":
+        """From the contract's parsed values, keyed by variable."""
+        return cls(v["GRAD_COMPRESSION"], v["POWERSGD_RANK"], v["POWERSGD_WARMUP"], v["GRAD_ACCUMULATION"],
+                   v["GRAD_BUCKET_MB"])
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "GradSync":
+        """What `env()` wrote, read back in a training process; an unset variable keeps its
+        default. ValueError (naming the variable) for a value that is not a whole number."""
+        def number(name: str, default: int | None) -> int | None:
+            text = (env.get(name) or "").strip()
+            try:
+                return int(text) if text else default
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a whole number") from None
+
+        d = cls()
+        return cls((env.get("GRAD_COMPRESSION") or "").strip() or d.compression,
+                   number("POWERSGD_RANK", d.powersgd_rank), number("POWERSGD_WARMUP", d.powersgd_warmup),
+                   number("GRAD_ACCUMULATION", d.accumulation), number("GRAD_BUCKET_MB", d.bucket_mb))
 
     @property
     def default(self) -> bool:

@@ -304,6 +304,18 @@ def test_gradient_strategies_reach_the_ranks_as_the_framework_spells_them():
     assert "hvd.Compression.fp16" in describe(hvd.grad_sync, "pytorch", "horovod")[0]
 
 
+def test_a_training_process_reads_back_the_strategies_the_entrypoint_passed():
+    """disttrain.gradsync reads GradSync.from_env: what env() wrote comes back equal; unset
+    variables are the defaults; a value that is no number names its variable."""
+    from entrypoint.contract.grad_sync import GradSync
+    for c in (config(GRAD_COMPRESSION="powersgd", POWERSGD_RANK=2, POWERSGD_WARMUP=5, GRAD_BUCKET_MB=50),
+              config(GRAD_ACCUMULATION=4), config()):
+        assert GradSync.from_env(c.grad_sync.env()) == c.grad_sync
+    assert GradSync.from_env({}) == GradSync() and GradSync().default
+    with pytest.raises(ValueError, match="GRAD_ACCUMULATION='four' is not a whole number"):
+        GradSync.from_env({"GRAD_ACCUMULATION": "four"})
+
+
 def test_the_gradient_strategies_page_shows_the_table_the_entrypoint_enforces():
     """docs/gradient-sync.md's support table is grad_sync.table(), the rule's own table
     (fix: paste the output of python -c 'from entrypoint.contract.grad_sync import table; print(table())')."""
