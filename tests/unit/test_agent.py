@@ -80,3 +80,39 @@ def test_two_processes_with_the_same_address_and_pid_get_distinct_rendezvous_nod
             for _ in range(2)]
     assert [o[:2] for o in outs] == [["127.0.0.1", "1"]] * 2, outs
     assert outs[0][2] != outs[1][2]
+
+
+def test_a_waiting_node_reads_the_rendezvous_ten_times_a_second():
+    """keep_pace on torch's own handler and c10d backend (a real TCPStore): a node that
+    waits 1.5 s for a second node reads the state about every 0.1 s, not torch's 1 s, and
+    still times out as torch does; past 200 nodes the pace is torch's own."""
+    import subprocess
+    import sys
+
+    from entrypoint.launchers.torchrun.rendezvous_pace import pace
+
+    assert (pace(2), pace(20), pace(100), pace(200), pace(5000)) == (0.1, 0.1, 0.5, 1.0, 1.0)
+    code = """
+import datetime as dt, time
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from entrypoint.launchers.torchrun.rendezvous_pace import keep_pace
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+backend = C10dRendezvousBackend(store, "pace")
+reads, get = [], backend.get_state
+backend.get_state = lambda: reads.append(1) or get()
+handler = dr.DynamicRendezvousHandler.from_backend(
+    "pace", store, backend, min_nodes=2, max_nodes=3,
+    timeout=dr.RendezvousTimeout(join=dt.timedelta(seconds=1.5)), keep_alive_interval=1)
+print(keep_pace(handler, 3))
+try:
+    handler.next_rendezvous()
+except RendezvousTimeoutError:
+    print("timeout", len(reads))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.split("\n")
+    assert lines[0] == "0.1" and lines[1].startswith("timeout "), out.stdout + out.stderr[-2000:]
+    assert int(lines[1].split()[1]) >= 8, lines
