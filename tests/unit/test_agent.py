@@ -116,3 +116,42 @@ except RendezvousTimeoutError:
     lines = out.stdout.split("\n")
     assert lines[0] == "0.1" and lines[1].startswith("timeout "), out.stdout + out.stderr[-2000:]
     assert int(lines[1].split()[1]) >= 8, lines
+
+
+def test_a_node_beats_well_within_the_time_after_which_it_is_dropped():
+    """beat_often on torch's own handler and c10d backend (a real TCPStore), a node dropped
+    after 2 s without a heartbeat (ELASTIC_DEAD_AFTER=2), and a store that answers in 0.3 s:
+    while the agent's monitor loop asks it for waiting nodes, the heartbeat in the store
+    stays under 1.5 s old. torch's own interval of 1 s let it age past 2 s (and then stop:
+    the node's own view no longer named it)."""
+    import subprocess
+    import sys
+
+    code = """
+import datetime as dt, pickle, time
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from entrypoint.launchers.torchrun.rendezvous_pace import beat_often, keep_pace
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+backend = C10dRendezvousBackend(store, "beat")
+handler = dr.DynamicRendezvousHandler.from_backend(
+    "beat", store, backend, min_nodes=1, max_nodes=2, keep_alive_interval=1, keep_alive_max_attempt=2,
+    timeout=dr.RendezvousTimeout(last_call=dt.timedelta(seconds=1)))
+keep_pace(handler, 2)
+print(beat_often(handler))
+handler.next_rendezvous()
+get = backend.get_state
+backend.get_state = lambda: (time.sleep(0.3), get())[1]
+oldest, end = 0.0, time.monotonic() + 4
+while time.monotonic() < end:
+    handler.num_nodes_waiting()
+    beats = list(pickle.loads(get()[0]).last_heartbeats.values())
+    oldest = max([oldest] + [(dt.datetime.now(dt.timezone.utc) - b).total_seconds() for b in beats])
+    time.sleep(0.1)
+print(oldest)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.split("\n")
+    assert lines[0] == "0.5", out.stdout + out.stderr[-2000:]
+    assert float(lines[1]) < 1.5, lines

@@ -13,7 +13,9 @@ The rendezvous settings (rdzv_conf) decide how fast an elastic job notices a cha
                             torchrun; ELASTIC_LAST_CALL here)
     keep_alive_interval,    a node is dropped from the rendezvous after interval x attempts
     keep_alive_max_attempt  without a keep-alive (5 s x 3 in torchrun; 1 s x ELASTIC_DEAD_AFTER
-                            here). Survivors of a lost node wait this long before re-forming.
+                            here, which the agent then splits into four beats:
+                            rendezvous_pace.beat_often). Survivors of a lost node wait this
+                            long before re-forming.
     join_timeout            how long a round may take to form (RDZV_TIMEOUT)
 """
 

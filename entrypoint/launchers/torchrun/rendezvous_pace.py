@@ -11,13 +11,29 @@ load: one read a second per waiting node. Here each waiting node reads every
 `pace(max_nodes)` seconds, so that every waiting node together still read at most about
 READS_PER_S times a second (torch's own pace from 200 nodes up).
 
-torch's own loop and state holder are kept; only the wait and the cache's age change, on
-the handler this process made (the delay is module-wide: one agent per process).
+A node also beats BEATS times per `ELASTIC_DEAD_AFTER` rather than once a keep-alive
+interval of a whole second. torch writes a heartbeat only once the last one is at least an
+interval old, when its timer fires every interval: one tick in two finds it a few
+milliseconds too young, so heartbeats land every one or two intervals. With an interval of
+1 s and a node dropped after 2 (`ELASTIC_DEAD_AFTER=2`), a heartbeat a little late on a
+busy machine got a live node dropped, and then for good: its own copy of the state no
+longer names it, so it never beats again. Every node of a job did that right after its
+rendezvous, so a lost node was already gone (recovery looked fast) and a joining node found
+no one and formed a round alone. At a quarter of `ELASTIC_DEAD_AFTER`, a heartbeat is at
+most half of it old.
+
+torch's own loop, state holder and timer are kept; only the wait, the cache's age and the
+keep-alive interval change, on the handler this process made (the delay is module-wide: one
+agent per process).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
 READS_PER_S = 200.0
+BEATS = 4
 FASTEST_S = 0.1
 TORCH_S = 1.0
 
@@ -48,3 +64,18 @@ def keep_pace(handler, max_nodes: int) -> float:
     _delay.torch_delay = torch_delay
     dr._delay = _delay
     return every
+
+
+def beat_often(handler) -> float:
+    """Make torch's DynamicRendezvousHandler `handler` beat BEATS times within the time after
+    which a silent node is dropped (interval x attempts, kept). Returns the new interval in
+    seconds; 0 (nothing changed) for a handler without these internals."""
+    settings = getattr(handler, "_settings", None)
+    holder = getattr(handler, "_state_holder", None)
+    executor = getattr(handler, "_op_executor", None)
+    if settings is None or not hasattr(settings, "keep_alive_interval") or holder is None or executor is None:
+        return 0.0
+    dead_after = settings.keep_alive_interval * settings.keep_alive_max_attempt
+    beating = replace(settings, keep_alive_interval=dead_after / BEATS, keep_alive_max_attempt=BEATS)
+    handler._settings = holder._settings = executor._settings = beating
+    return beating.keep_alive_interval / timedelta(seconds=1)
