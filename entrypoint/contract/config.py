@@ -276,7 +276,7 @@ VARIABLES = (
         'elastic: seconds a rendezvous round waits for more nodes once `MIN_NODES` are in '
         "(torchrun's `last_call_timeout`, 30 s there)"),
     Var("ELASTIC_DEAD_AFTER", Int(2), "3", 
-        'elastic: seconds without a rendezvous keep-alive (one a second) before a node is '
+        'elastic: seconds without a rendezvous keep-alive (four in that time) before a node is '
         'dropped from the rendezvous (15 s in torchrun)'),
     Var("PEER_TIMEOUT", Int(2), "10", 
         'seconds without a heartbeat (or a reply from the job store) before a node, or the '
