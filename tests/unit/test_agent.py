@@ -155,3 +155,67 @@ print(oldest)
     lines = out.stdout.split("\n")
     assert lines[0] == "0.5", out.stdout + out.stderr[-2000:]
     assert float(lines[1]) < 1.5, lines
+
+
+def test_a_round_that_re_forms_completes_once_every_live_node_is_in_it():
+    """reform_at_once on torch's own handler and c10d backend (a real TCPStore), last call
+    4 s, a node dropped after 1 s without a heartbeat. Two nodes form a round; then:
+    one stops (its heartbeat with it) and the other's next round completes about 1 s later,
+    when the lost node is dropped, not 4 s later; one goes on beating and joins 1.5 s after
+    the other, and the round waits for it (two nodes, not one); and at the job's first
+    round the last call still holds for a node that starts a second later."""
+    import subprocess
+    import sys
+
+    code = """
+import datetime as dt, threading, time
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from entrypoint.launchers.torchrun.rendezvous_pace import keep_pace, reform_at_once
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(reform_at_once())
+
+def nodes(run_id, max_nodes):
+    made = []
+    for _ in range(2):          # each node its own client: a waiting get holds a client's connection
+        own = dist.TCPStore("127.0.0.1", store.port, is_master=False)
+        h = dr.DynamicRendezvousHandler.from_backend(
+            run_id, own, C10dRendezvousBackend(own, run_id), min_nodes=1, max_nodes=max_nodes,
+            keep_alive_interval=0.25, keep_alive_max_attempt=4,
+            timeout=dr.RendezvousTimeout(last_call=dt.timedelta(seconds=4)))
+        keep_pace(h, max_nodes)
+        made.append(h)
+    return made
+
+def together(*calls):
+    out, threads = {}, []
+    for i, (delay, h) in enumerate(calls):
+        def go(i=i, delay=delay, h=h):
+            time.sleep(delay)
+            start = time.monotonic()
+            out[i] = (h.next_rendezvous().world_size, round(time.monotonic() - start, 1))
+        threads.append(threading.Thread(target=go)); threads[-1].start()
+    for t in threads: t.join()
+    return [out[i] for i in range(len(calls))]
+
+a, b = nodes("lost", 2)
+together((0, a), (0, b))
+b._stop_heartbeats()
+print("lost", together((0, a)))
+a, b = nodes("late", 2)
+together((0, a), (0, b))
+print("late", together((0, a), (1.5, b)))
+a, b = nodes("first", 3)
+print("first", together((0, a), (1, b)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    got = {line.split(" ", 1)[0]: eval(line.split(" ", 1)[1]) if " " in line else line
+           for line in out.stdout.strip().split("\n")}
+    assert got.get("True") == "True", out.stdout + out.stderr[-2000:]
+    (size, took), = got["lost"]
+    assert size == 1 and took < 2.5, got
+    (size_a, took_a), (size_b, _) = got["late"]
+    assert size_a == size_b == 2 and took_a < 3.5, got
+    (size_a, took_a), (size_b, _) = got["first"]
+    assert size_a == size_b == 2 and took_a >= 3.5, got

@@ -37,7 +37,7 @@ from ...running.reaper import TOKEN_VAR, Sentinel, new_token, sweep
 from ...running.signals import Signals
 from .launch import Torchrun, TorchrunLaunch
 from .node_ids import distinct_node_ids
-from .rendezvous_pace import beat_often, keep_pace
+from .rendezvous_pace import beat_often, keep_pace, reform_at_once
 from .run import FAILURE_REPORT, worker_failure
 from .worker_stores import WorkersStores
 
@@ -221,6 +221,7 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
     if config.max_nodes > 1:
         keep_pace(handler, config.max_nodes)
         beat_often(handler)
+        reform_at_once()
     if node_rank is not None or stores is not None:
         handler = _in_job_order(handler, node_rank, config.local_addr, stores)
     if say is not None and config.rdzv_backend == "etcd-v3":      # no master logs the rounds

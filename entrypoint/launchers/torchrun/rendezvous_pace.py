@@ -22,9 +22,18 @@ rendezvous, so a lost node was already gone (recovery looked fast) and a joining
 no one and formed a round alone. At a quarter of `ELASTIC_DEAD_AFTER`, a heartbeat is at
 most half of it old.
 
-torch's own loop, state holder and timer are kept; only the wait, the cache's age and the
-keep-alive interval change, on the handler this process made (the delay is module-wide: one
-agent per process).
+A round that re-forms (after a failure, or to take in a joining node) completes as soon
+as every live node is in it, rather than waiting out `ELASTIC_LAST_CALL`. The last call is
+for nodes that start at about the same time: at the job's first round it stays. Later, a
+node that is alive has a heartbeat in the state (the survivors of the last round beat
+while they train, a joining node from the moment it waits): once each of them is a
+participant, no one else is coming, and the survivors of a lost node waited that second or
+two for no one. A node that starts later still joins as it would after the last call: it
+waits for the next round, and the others restart to take it in.
+
+torch's own loop, state holder and timer are kept; only the wait, the cache's age, the
+keep-alive interval and the join's last call change, on the handler this process made (the
+delay and the join are module-wide: one agent per process).
 """
 
 from __future__ import annotations
@@ -79,3 +88,43 @@ def beat_often(handler) -> float:
     beating = replace(settings, keep_alive_interval=dead_after / BEATS, keep_alive_max_attempt=BEATS)
     handler._settings = holder._settings = executor._settings = beating
     return beating.keep_alive_interval / timedelta(seconds=1)
+
+
+def everyone_here(state, settings) -> bool:
+    """Whether torch's rendezvous `state`, open and past its minimum, holds every live node
+    as a participant: none waits for the next round, and every node with a heartbeat (but
+    those beyond max_nodes, which no round takes) has joined this one."""
+    live = set(state.last_heartbeats) - set(state.redundancy_list)
+    return (not state.complete and not state.closed and state.deadline is not None and not state.wait_list
+            and settings.min_nodes <= len(state.participants) <= settings.max_nodes
+            and live <= set(state.participants))
+
+
+def reform_at_once() -> bool:
+    """Make torch's join complete a round as soon as everyone_here(), for a node that has
+    been in a complete round before (the first round keeps its last call). False (nothing
+    changed) for a torch without this join."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    torch_join = getattr(dr, "_RendezvousJoinOp", None)
+    actions = getattr(dr, "_Action", None)
+    if torch_join is None or actions is None or not hasattr(actions, "MARK_RENDEZVOUS_COMPLETE"):
+        return False
+    torch_join = getattr(torch_join, "torch_join", torch_join)
+    formed: set = set()          # this process's nodes that have been in a complete round
+
+    class ReformingJoin(torch_join):
+        """torch's join; a node that waits in a re-forming round completes it once everyone_here()."""
+
+        def __call__(self, ctx, deadline):
+            action = super().__call__(ctx, deadline)
+            if action is actions.FINISH:
+                formed.add(ctx.node)
+            elif (action is actions.SYNC and ctx.node in formed and ctx.node in ctx.state.participants
+                  and everyone_here(ctx.state, ctx.settings)):
+                return actions.MARK_RENDEZVOUS_COMPLETE
+            return action
+
+    ReformingJoin.torch_join = torch_join
+    dr._RendezvousJoinOp = ReformingJoin
+    return True
