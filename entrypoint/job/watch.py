@@ -45,8 +45,9 @@ class Heartbeats:
 
     def __init__(self, store: JobStore, timeout_s: float):
         self.store, self.timeout_s = store, timeout_s
-        self._seen: dict[int, tuple[int, float, float]] = {}    # node -> (last heartbeat, when it changed,
-                                                                 #          the same on the wall clock)
+        # node -> (last heartbeat, when it changed, the wall-clock time of the look before that
+        #          change (the beat came after it), the wall-clock time of the latest look)
+        self._seen: dict[int, tuple[int, float, float, float]] = {}
 
     def beat(self, node: int) -> None:
         self.store.add(f"node/{node}/hb", 1)
@@ -56,12 +57,13 @@ class Heartbeats:
 
     def silent(self, node: int) -> bool:
         """True once `node`'s heartbeat counter has not moved for timeout_s seconds."""
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         beats = self.count(node)
-        last, since, _ = self._seen.get(node, (-1, now, 0.0))
+        last, since, moved_after, looked = self._seen.get(node, (-1, now, 0.0, 0.0))
         if beats != last:
-            self._seen[node] = (beats, now, time.time())
+            self._seen[node] = (beats, now, looked, wall)
             return False
+        self._seen[node] = (last, since, moved_after, wall)
         return now - since > self.timeout_s
 
     def age(self, node: int) -> float | None:
@@ -70,8 +72,11 @@ class Heartbeats:
         return None if seen is None else time.monotonic() - seen[1]
 
     def last_moved(self, node: int) -> float:
-        """Wall-clock time at which `node`'s heartbeat was last seen moving."""
-        return self._seen.get(node, (0, 0.0, time.time()))[2]
+        """A wall-clock time before `node`'s last heartbeat: the look before the one that saw
+        it move (0 if there was none). The time that look saw it move could be a second after
+        the beat, and so after the node died: a training process started once the others
+        had re-formed without it would then count as older than the loss (rounds.py)."""
+        return self._seen.get(node, (0, 0.0, 0.0, 0.0))[2]
 
 
 # A node whose processes failed waits up to LOSS_WINDOW_S for the other nodes' heartbeats

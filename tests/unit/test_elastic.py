@@ -203,3 +203,27 @@ def test_horovods_rendezvous_stops_once_when_two_threads_stop_it():
     for t in threads:
         t.join(10)
     assert errors == [] and server.httpd is None and not server.thread.is_alive()
+
+
+def test_a_silent_node_is_reported_as_lost_after_a_time_before_its_last_heartbeat():
+    """The time a lost node is reported silent since (rounds.py ends the training processes
+    started before it) is the look before the one that saw its last heartbeat: the beat
+    came after that look, so a process started once the node was dead is never older. The
+    look that saw the beat could come a second after it, after a fast re-formed round's
+    processes had started."""
+    from entrypoint.job.watch import Heartbeats
+
+    port = free_port()
+    store = TcpJobStore("127.0.0.1", port, "t", serve=True, timeout_s=10, op_timeout_s=5)
+    store.connect(deadline=0)
+    seen = Heartbeats(store, 1)
+    assert not seen.silent(1) and seen.last_moved(1) == 0.0     # seen once: no look before it
+    before_beat = time.time()
+    Heartbeats(store, 1).beat(1)
+    time.sleep(0.3)
+    saw_beat = time.time()
+    assert not seen.silent(1)
+    assert seen.last_moved(1) <= before_beat < saw_beat
+    time.sleep(1.1)
+    assert seen.silent(1) and seen.last_moved(1) <= before_beat
+    store.close()
