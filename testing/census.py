@@ -53,7 +53,8 @@ def reachable(nodes: list) -> list[Listener]:
 
 def described(found: list[Listener], addrs: list[str], gates: dict[int, str]) -> Counter:
     """What each listener that other hosts could reach is, counted: the master's Gates (its
-    entrypoint on every interface, on a port of `gates`, named by its variable), a rank's
+    entrypoint on every interface, on a port of `gates`, named by its variable), an elastic
+    torchrun node's peer link (its entrypoint, on its node's own address), a rank's
     (any process the entrypoint started) on every interface or on its node's own address
     (`addrs[k]`: node k's), and anything else by its process, address and port, which no
     list names."""
@@ -63,6 +64,8 @@ def described(found: list[Listener], addrs: list[str], gates: dict[int, str]) ->
             continue
         if f.entrypoint and f.node == 0 and f.everywhere and f.port in gates:
             said[f"Gate on {gates[f.port]}"] += 1
+        elif f.entrypoint and f.ip == addrs[f.node]:
+            said["peer link, its node's address"] += 1
         elif not f.entrypoint and (f.everywhere or f.ip == addrs[f.node]):
             said["rank, every interface" if f.everywhere else "rank, its node's address"] += 1
         else:

@@ -273,11 +273,13 @@ VARIABLES = (
         ' node'),
     Var("RDZV_TIMEOUT", Int(1), "300", 'seconds to wait for the master and the other nodes'),
     Var("ELASTIC_LAST_CALL", Int(1), "2", 
-        'elastic: seconds a rendezvous round waits for more nodes once `MIN_NODES` are in '
-        "(torchrun's `last_call_timeout`, 30 s there)"),
+        'elastic: seconds the first rendezvous round waits for more nodes once `MIN_NODES` are '
+        "in (torchrun's `last_call_timeout`, 30 s there); a later round forms once every live "
+        'node is in it'),
     Var("ELASTIC_DEAD_AFTER", Int(2), "3", 
         'elastic: seconds without a rendezvous keep-alive (four in that time) before a node is '
-        'dropped from the rendezvous (15 s in torchrun)'),
+        'dropped from the rendezvous (15 s in torchrun); a node whose connection closes (its '
+        'processes died) is dropped at once'),
     Var("PEER_TIMEOUT", Int(2), "10", 
         'seconds without a heartbeat (or a reply from the job store) before a node, or the '
         'master, counts as lost'),

@@ -75,12 +75,14 @@ def census(job: list[Node]) -> Counter:
     return described(listeners(job), [node.env["NODE_ADDR"] for node in job], gates)
 
 
-def reachable_as_documented(*gates: str, ranks_everywhere: int = 0) -> Counter:
-    """docs/security.md's list for a launcher: the master's Gates, and what each rank opens
-    on every interface (elastic Horovod's notification service, TensorFlow's gRPC server).
+def reachable_as_documented(*gates: str, ranks_everywhere: int = 0, peer_links: int = 0) -> Counter:
+    """docs/security.md's list for a launcher: the master's Gates, what each rank opens
+    on every interface (elastic Horovod's notification service, TensorFlow's gRPC server),
+    and each elastic torchrun node's peer link (TLS with the job's certificate).
     Gloo's pair listeners bind NET_IFNAME's address, 127.0.0.1 on loopback, so they show only
     in containers (test_containers.py counts them there)."""
-    return Counter({f"Gate on {gate}": 1 for gate in gates}) + Counter({"rank, every interface": ranks_everywhere})
+    return (Counter({f"Gate on {gate}": 1 for gate in gates}) + Counter({"rank, every interface": ranks_everywhere})
+            + Counter({"peer link, its node's address": peer_links}))
 
 
 def start_two(jobs, tmp, **env) -> list[Node]:
@@ -221,11 +223,11 @@ def test_elastic_torchrun_behind_a_secret_goes_on_through_its_rounds_with_only_t
                      **ELASTIC)
     master, worker = job
     wait_for_any(job, "step 40 loss", 180)
-    assert census(job) == reachable_as_documented("MASTER_PORT")
+    assert census(job) == reachable_as_documented("MASTER_PORT", peer_links=2)
     jobs.add_node(job)
     wait_for(master, "world size 2 -> 3", 120)
     wait_for_any(job, "ROUND rank=0 world=3", 60)
-    assert census(job) == reachable_as_documented("MASTER_PORT")
+    assert census(job) == reachable_as_documented("MASTER_PORT", peer_links=3)
     worker.kill_tree()
     wait_for(master, "world size 3 -> 2", 120)
     codes = [node.wait(240) for node in (master, job[2])]

@@ -1,8 +1,11 @@
-"""torch's elastic agent inside the entrypoint (launchers/torchrun_agent.py): its configuration is torchrun's own,
+"""torch's elastic agent inside the entrypoint (launchers/torchrun/agent.py): its configuration is torchrun's own,
 its output keeps the supervisor's prefixes, its result becomes the node's outcome. Running
 it (signals, failures, elastic rounds) is tested end to end: tests/e2e/test_*_host.py."""
 
 import io
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +222,52 @@ print("first", together((0, a), (1, b)))
     assert size_a == size_b == 2 and took_a < 3.5, got
     (size_a, took_a), (size_b, _) = got["first"]
     assert size_a == size_b == 2 and took_a >= 3.5, got
+
+
+def test_a_node_whose_processes_are_killed_is_dropped_when_its_connection_closes():
+    """peer_links on torch's own handler and c10d backend (a real TCPStore): two nodes, two
+    processes, form a round; one is SIGKILLed. The other's next round holds it alone about
+    when the kill happened, not when the lost node's keep-alive ages out (4 s here), and
+    a node that never linked (LINKS=0) still waits for it to age out."""
+    import subprocess
+    import sys
+
+    code = """
+import datetime as dt, os, signal, subprocess, sys, time
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from entrypoint.launchers.torchrun.peer_links import PeerLinks
+from entrypoint.launchers.torchrun.rendezvous_pace import keep_pace, reform_at_once
+reform_at_once()
+port, links = (int(sys.argv[1]), sys.argv[2] == "1") if len(sys.argv) > 1 else (0, True)
+store = dist.TCPStore("127.0.0.1", port, is_master=not port, wait_for_workers=False)
+if not port:
+    other = subprocess.Popen([sys.executable, __file__, str(store.port), os.environ["LINKS"]])
+h = dr.DynamicRendezvousHandler.from_backend(
+    "links", store, C10dRendezvousBackend(store, "links"), min_nodes=1, max_nodes=2, local_addr="127.0.0.1",
+    keep_alive_interval=1, keep_alive_max_attempt=4, timeout=dr.RendezvousTimeout(last_call=dt.timedelta(seconds=4)))
+keep_pace(h, 2)
+peers = PeerLinks(h) if links else None
+h.next_rendezvous()
+if peers:
+    peers.follow(list(h._state_holder.state.participants))
+if port:
+    time.sleep(60)
+time.sleep(1)
+other.send_signal(signal.SIGKILL)
+start = time.monotonic()
+info = h.next_rendezvous()
+print(info.world_size, round(time.monotonic() - start, 1))
+"""
+    script = Path(tempfile.mkdtemp()) / "links.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    got = {}
+    for links in ("1", "0"):
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                             env=dict(env, LINKS=links))
+        got[links] = out.stdout.split()
+        assert len(got[links]) == 2, out.stdout + out.stderr[-2000:]
+    assert got["1"][0] == got["0"][0] == "1", got
+    assert float(got["1"][1]) < 2.0 <= 3.0 < float(got["0"][1]), got

@@ -169,6 +169,27 @@ def _in_job_order(handler, node_rank: int | None, local_addr: str | None, stores
                     on_shutdown=stores.close if stores is not None else None)
 
 
+def _linked(handler, identity=None, say=None):
+    """torch's handler, with this node's links to the others of each round (peer_links.py):
+    a node whose connection closes is dropped from the rendezvous at once. `identity`: the
+    job's TLS identity (JOB_SECRET), which the links then use."""
+    from .peer_links import PeerLinks
+
+    def dropped(node):
+        if say is not None:
+            say(f"rendezvous: node {node.addr} (pid {node.pid}) closed its connection: dropped without waiting "
+                f"for its keep-alive to age out")
+
+    links = PeerLinks(handler, identity=identity, on_dead=dropped)
+
+    def next_rendezvous():
+        info = handler.next_rendezvous()
+        links.follow(list(handler._state_holder.state.participants))
+        return info
+
+    return _wrapped(handler, next_rendezvous, on_shutdown=links.close)
+
+
 ROUND_CHANGE = {-1: "a node left or was lost", 0: "the same nodes, after a restart", 1: "a node joined"}
 
 
@@ -189,11 +210,12 @@ def _saying_rounds(handler, say):
     return _wrapped(handler, next_rendezvous)
 
 
-def _agent(config, program, args, stop: dict, node_rank: int | None = None, stores=None, say=None):
+def _agent(config, program, args, stop: dict, node_rank: int | None = None, stores=None, say=None, identity=None):
     """torch's LocalElasticAgent as launch_agent makes it (torch.distributed.launcher.api),
     checking `stop` each time it checks its workers; with `node_rank` (fixed-size jobs), its
     nodes in node-rank order; with `stores`, the workers' store of each round (_in_job_order);
-    with `say` and JOB_STORE's rendezvous, a line per round (_saying_rounds)."""
+    with `say` and JOB_STORE's rendezvous, a line per round (_saying_rounds); elastic, links
+    to the other nodes of each round (_linked), TLS with `identity` (JOB_SECRET)."""
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -222,6 +244,8 @@ def _agent(config, program, args, stop: dict, node_rank: int | None = None, stor
         keep_pace(handler, config.max_nodes)
         beat_often(handler)
         reform_at_once()
+        if config.min_nodes < config.max_nodes:
+            handler = _linked(handler, identity, say)
     if node_rank is not None or stores is not None:
         handler = _in_job_order(handler, node_rank, config.local_addr, stores)
     if say is not None and config.rdzv_backend == "etcd-v3":      # no master logs the rounds
@@ -246,10 +270,11 @@ class InProcessTorchrun:
 
     def __init__(self, launch: TorchrunLaunch, python: str, grace_period: float, log: Log,
                  watch: Watch | None = None, signals: Signals | None = None, token: str | None = None,
-                 stores=None):
-        """`stores`: the workers' stores behind JOB_SECRET (worker_stores.WorkersStores)."""
+                 stores=None, identity=None):
+        """`stores`: the workers' stores behind JOB_SECRET (worker_stores.WorkersStores);
+        `identity`: the job's TLS identity behind JOB_SECRET (for the peer links)."""
         self.launch, self.python, self.grace, self.log = launch, python, grace_period, log
-        self.stores = stores
+        self.stores, self.identity = stores, identity
         self.watch = watch
         self.signals = signals or Signals()
         self.token = token or new_token()
@@ -290,7 +315,7 @@ class InProcessTorchrun:
     def _run_agent(self, config, program, args) -> None:
         try:
             agent, spec, SignalException = _agent(config, program, args, self._stop, self.launch.node_rank,
-                                                     self.stores, say=self.log.say)
+                                                     self.stores, say=self.log.say, identity=self.identity)
             stopped = False
             try:
                 result = agent.run()
@@ -372,4 +397,5 @@ class TorchrunAgent(Torchrun):
         token = new_token()
         stores = WorkersStores(job.store) if launch.workers_stores else None
         return InProcessTorchrun(launch, plan.python, self.config.grace_period, log, signals=signals, token=token,
-                                 watch=watching(job, serverless=False, token=token, agent_in_process=True), stores=stores)
+                                 watch=watching(job, serverless=False, token=token, agent_in_process=True), stores=stores,
+                                 identity=getattr(job.store, "identity", None))
