@@ -180,7 +180,13 @@ def _linked(handler, identity=None, say=None):
             say(f"rendezvous: node {node.addr} (pid {node.pid}) closed its connection: dropped without waiting "
                 f"for its keep-alive to age out")
 
-    links = PeerLinks(handler, identity=identity, on_dead=dropped)
+    try:
+        links = PeerLinks(handler, identity=identity, on_dead=dropped)
+    except (OSError, AttributeError) as exc:        # no port to listen on, or a torch without these internals
+        if say is not None:
+            say(f"rendezvous: no peer links ({type(exc).__name__}: {exc}): a lost node is dropped after "
+                f"ELASTIC_DEAD_AFTER")
+        return handler
 
     def next_rendezvous():
         info = handler.next_rendezvous()
