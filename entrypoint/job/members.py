@@ -4,6 +4,8 @@ master's go. Keys (under the job's prefix):
     next             counter: the last node rank handed out without NODE_RANK
     node/<k>/claim   a node took rank k (NODE_RANK, or the next free one)
     node/<k>/info    its address, process count and ports (NodeInfo JSON)
+    node/<k>/link    the port of its link (links.py), where it has one, on its address
+    node/<k>/cut     the master's link to it closed: its processes are gone
     job/launch       the master's go: every node has joined, the launcher's server is up
                      (its port), the port of torch.distributed's env:// store for launchers
                      whose processes form their own group, and the launcher's per-rank variables
@@ -67,6 +69,18 @@ class Members:
 
     def node_info(self, rank: int) -> NodeInfo | None:
         return read(self.store, f"node/{rank}/info", NodeInfo.from_json)
+
+    def publish_link(self, rank: int, port: int) -> None:
+        self.store.set(f"node/{rank}/link", str(port))
+
+    def link_port(self, rank: int) -> int | None:
+        return read(self.store, f"node/{rank}/link", int)
+
+    def mark_cut(self, rank: int) -> None:
+        self.store.set(f"node/{rank}/cut", "1")
+
+    def cut(self, rank: int) -> bool:
+        return self.store.has(f"node/{rank}/cut")
 
     def announce_launch(self, launch: Launch) -> None:
         self.store.set("job/launch", launch.to_json())

@@ -11,6 +11,10 @@ Elastic jobs (MIN_NODES/MAX_NODES) differ in one thing: a worker that goes silen
 leaves is not a failure. The launcher re-forms the group without it, and the master logs
 it (and records a silent one as lost, for rounds.py).
 
+Where a launcher's workers publish a link port (links.py; elastic Horovod's), the master
+holds a link to each: a worker whose link closes is lost at once, as a silent one would be
+PEER_TIMEOUT later (and marked so in the job store, node/<k>/cut, for the launcher).
+
 Other rooms add their own checks through `PeerCheck` (the hang protocol, health/): they
 run after liveness, each second, with this watch as their view of the job.
 
@@ -28,6 +32,7 @@ from ..running.outcome import NodeState, Outcome
 from ..running.signals import Signals
 from ..store.transport import JobStore, StoreGone
 from .ends import Ends
+from .links import WorkerLinks
 from .members import Members
 from .rounds import RoundKeys, Rounds
 
@@ -98,11 +103,12 @@ class PeerCheck(Protocol):
 class JobWatch:
     def __init__(self, store: JobStore, config: Config, node_rank: int, log: Log, signals: Signals,
                  serverless: bool = False, token: str | None = None, agent_in_process: bool = False,
-                 peer_check: PeerCheck | None = None):
+                 peer_check: PeerCheck | None = None, worker_links: bool = False):
         """token: the node token of this node's processes (reaper.py); given for elastic
         torchrun nodes, whose training processes are restarted when a node is lost silently
         (`agent_in_process`: torch's agent runs in this process, launchers/torchrun/agent.py).
-        peer_check: what else to check every second (the hang protocol), or None."""
+        peer_check: what else to check every second (the hang protocol), or None.
+        worker_links: on the master, hold a link to each worker that publishes one."""
         self.store, self.config, self.rank, self.log, self.signals = store, config, node_rank, log, signals
         self.master = node_rank == 0
         self.serverless = serverless
@@ -113,6 +119,7 @@ class JobWatch:
         self._started = time.monotonic()
         self.rounds = Rounds(store, log, token, agent_in_process) if config.elastic else None
         self.peer_check = peer_check
+        self.links = WorkerLinks(store.identity, self.members.mark_cut) if worker_links and self.master else None
 
     has_peers = True
 
@@ -220,17 +227,30 @@ class JobWatch:
                 elif not outcome.ok:
                     return outcome.aborting()
                 continue
-            if self.silent(k):
+            cut = self._linked(k)
+            if cut or self.silent(k):
+                why = "its connection closed" if cut else f"no heartbeat for PEER_TIMEOUT={c.peer_timeout}s"
                 if c.elastic:        # the launcher re-forms the group without it
-                    self._leave(k, f"node {k} lost: no heartbeat for PEER_TIMEOUT={c.peer_timeout}s; "
-                                   f"the job goes on without it")
+                    self._leave(k, f"node {k} lost: {why}; the job goes on without it")
                     RoundKeys(self.store).report_lost(k, self.heartbeats.last_moved(k))
                     continue
-                return Outcome.lost(f"node {k} stopped answering (no heartbeat for {c.peer_timeout}s)")
+                return Outcome.lost(f"node {k} stopped answering ({why})")
         return None
+
+    def _linked(self, node: int) -> bool:
+        """Whether node's link closed; first, a link to it once it has published its port."""
+        if self.links is None:
+            return False
+        if not self.links.following(node):
+            port, info = self.members.link_port(node), self._info(node)
+            if port is not None and info is not None:
+                self.links.follow(node, info.addr, port)
+        return self.links.cut(node)
 
     def _leave(self, node: int, text: str) -> None:
         self.gone.add(node)
+        if self.links is not None:
+            self.links.let_go(node)
         self.log.say(text)
 
     def workers(self) -> list[int]:

@@ -247,11 +247,11 @@ TRAINED_BEHIND_A_SECRET = {"tensorflow-native": dict(FRAMEWORK="tensorflow"),
                            "keras-horovod-elastic": dict(FRAMEWORK="keras", LAUNCHER="horovod", MIN_NODES=2,
                                                          MAX_NODES=2)}
 # TensorFlow's tasks each serve gRPC (every interface); elastic Horovod's ranks each a
-# notification service.
+# notification service, and its worker a link port (the master holds a link to it).
 REACHABLE_BEHIND_A_SECRET = {"tensorflow-native": reachable_as_documented("MASTER_PORT", ranks_everywhere=2),
                              "keras-horovod": reachable_as_documented("MASTER_PORT", "HOROVOD_PORT"),
                              "keras-horovod-elastic": reachable_as_documented("MASTER_PORT", "HOROVOD_PORT",
-                                                                              ranks_everywhere=2)}
+                                                                              ranks_everywhere=2, peer_links=1)}
 
 
 @pytest.mark.parametrize("path", TRAINED_BEHIND_A_SECRET)

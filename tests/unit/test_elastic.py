@@ -121,6 +121,17 @@ def test_reporting_without_a_job_store_is_a_no_op(monkeypatch):
     assert elastic.report_round(2, 0) is False
 
 
+def elastic_horovod_master(peer_timeout: str):
+    """An elastic Horovod job's config on the master, and its job store (served here)."""
+    port = free_port()
+    config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
+                          "MASTER_PORT": str(port), "LAUNCHER": "horovod", "PEER_TIMEOUT": peer_timeout},
+                         Image(["pytorch"], ["native", "horovod"]))
+    store = TcpJobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
+    store.connect(deadline=0)
+    return config, store
+
+
 def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
     from entrypoint.job.ends import Ends
     from entrypoint.job.members import Members
@@ -129,12 +140,7 @@ def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
     from entrypoint.running.outcome import Outcome
     from entrypoint.job.placement import NodeInfo
 
-    port = free_port()
-    config = load_config({"MIN_NODES": "1", "MAX_NODES": "3", "ROLE": "master", "MASTER_ADDR": "127.0.0.1",
-                          "MASTER_PORT": str(port), "LAUNCHER": "horovod", "PEER_TIMEOUT": "2"},
-                         Image(["pytorch"], ["native", "horovod"]))
-    store = TcpJobStore("127.0.0.1", port, "disttrain", serve=True, timeout_s=10, op_timeout_s=5)
-    store.connect(deadline=0)
+    config, store = elastic_horovod_master(peer_timeout="2")
     for rank, nproc in ((0, 2), (1, 1), (2, 4)):
         assert Members(store).claim(rank)
         Members(store).publish(NodeInfo(rank, f"10.0.0.{rank}", nproc))
@@ -147,6 +153,57 @@ def test_horovods_host_discovery_reads_the_live_nodes_from_the_job_store():
         discovery.find_available_hosts_and_slots()
         time.sleep(0.5)
     assert discovery.find_available_hosts_and_slots() == {"node0": 2}
+
+
+def test_a_worker_whose_processes_die_is_lost_when_its_link_closes_not_after_peer_timeout():
+    """Elastic Horovod: the master holds a link to the worker's link port (job/links.py). A
+    worker process that is SIGKILLed is named lost at the master's next check, and Horovod's
+    discovery drops it, long before PEER_TIMEOUT (30 s) would; a worker that finished first
+    closes its link too, and is not lost."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from entrypoint.job.ends import Ends
+    from entrypoint.job.members import Members
+    from entrypoint.job.placement import NodeInfo
+    from entrypoint.launchers.horovod.elastic_driver import StoreDiscovery
+    from entrypoint.running.outcome import Outcome
+
+    config, store = elastic_horovod_master(peer_timeout="30")
+    members, out = Members(store), io.StringIO()
+    code = "from entrypoint.job.links import LinkPort; import time; print(LinkPort('127.0.0.1').port, flush=True); time.sleep(120)"
+    workers = {}
+    for rank in (0, 1, 2):
+        assert members.claim(rank)
+        members.publish(NodeInfo(rank, "127.0.0.1", 1))
+        if rank:
+            workers[rank] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                             env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+            members.publish_link(rank, int(workers[rank].stdout.readline()))
+    watch = JobWatch(store, config, 0, Log(out), Signals(), worker_links=True)
+    discovery = StoreDiscovery(store, config)
+    try:
+        assert watch.check() is None
+        deadline = time.monotonic() + 5
+        while not all(watch.links._links.get(k) for k in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)                                       # both links held
+        assert discovery.find_available_hosts_and_slots() == {"node0": 1, "node1": 1, "node2": 1}
+        Ends(store).set_exit(2, Outcome.succeeded())               # node 2 finished, then its process ends
+        workers[2].kill()
+        workers[1].kill()
+        killed = time.monotonic()
+        while "node 1 lost" not in out.getvalue() and time.monotonic() - killed < 10:
+            assert watch.check() is None
+            time.sleep(0.1)
+        assert time.monotonic() - killed < 2.0, out.getvalue()
+        assert discovery.find_available_hosts_and_slots() == {"node0": 1}
+        assert out.getvalue().splitlines()[-1] == "entrypoint: node 1 lost: its connection closed; the job goes on without it"
+        assert "node 2 lost" not in out.getvalue()
+    finally:
+        for worker in workers.values():
+            worker.kill()
+            worker.wait()
 
 
 def test_an_order_counted_but_not_yet_written_holds_up_nobody_on_the_master(tmp_path):

@@ -56,4 +56,4 @@ class HorovodElastic(ServesOnHorovodPort, Launcher):
 
         log.say(f"running Horovod workers as the driver asks: {self.describe()}")
         return HorovodElasticNode(job.store, plan, job.placement, base_env, log, signals,
-                                  watching(job, serverless=False))
+                                  watching(job, serverless=False, worker_links=True))

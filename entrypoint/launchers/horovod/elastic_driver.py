@@ -8,7 +8,9 @@ Here the master's entrypoint runs the same driver with two pieces of its own, in
 places horovod.ray.elastic also plugs in (RayHostDiscovery, its worker function):
 
 * StoreDiscovery: the hosts are the job's live nodes in the job store (`node<k>` with its
-  process count); a node that stops heartbeating for PEER_TIMEOUT is gone;
+  process count); a node is gone once the master's link to it closes (its processes all
+  ended: job/links.py, held by the master's JobWatch), or, where nothing closes (a host
+  that stops, a network that parts), once it stops heartbeating for PEER_TIMEOUT;
 * HorovodElasticDriver.start_worker (the create_worker_fn): instead of SSH, an order in
   the job store for the node, whose entrypoint (HorovodElasticNode, on every node, the
   master too) starts the process and reports its exit code.
@@ -31,6 +33,7 @@ from horovod.runner.elastic.discovery import HostDiscovery
 
 from ...contract.config import Config
 from ...job.ends import Ends
+from ...job.links import LinkPort
 from ...job.members import Members
 from ...job.watch import Heartbeats, JobWatch
 from ...running.log import Log
@@ -64,7 +67,7 @@ class StoreDiscovery(HostDiscovery):
         self.heartbeats = Heartbeats(store, config.peer_timeout)
 
     def alive(self, rank: int) -> bool:
-        return self.ends.exit(rank) is None and not self.heartbeats.silent(rank)
+        return self.ends.exit(rank) is None and not self.members.cut(rank) and not self.heartbeats.silent(rank)
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         found = {}
@@ -201,6 +204,21 @@ class HorovodElasticNode:
         self.orders: dict[int, tuple[ProcessSpec, object]] = {}
         self.reported: set[int] = set()
         self.tunnel: RequestTunnel | None = None
+        self.link = self._link_port() if plan.config.role != "master" else None
+
+    def _link_port(self) -> LinkPort | None:
+        """A worker's link port (job/links.py), published for the master, which learns at once
+        when this node's processes are gone. It stays open until this process ends: closing it
+        before this node's exit is in the job store would read as a loss."""
+        rank, members = self.placement.node_rank, Members(self.store)
+        try:
+            info = members.node_info(rank)
+            port = LinkPort(info.addr if info else "", self.store.identity)
+            members.publish_link(rank, port.port)
+            return port
+        except (OSError, StoreGone) as exc:
+            self.log.say(f"no link port ({exc}): if this node is lost, the master notices after PEER_TIMEOUT")
+            return None
 
     def run(self) -> Outcome:
         try:
