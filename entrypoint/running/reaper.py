@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 TOKEN_VAR = "DISTTRAIN_NODE_TOKEN"
@@ -52,15 +53,29 @@ def stale(token: str, before: float, spare_children: bool = True) -> list:
     found = []
     for proc in carriers(token):
         try:
-            if proc.pid not in own and proc.create_time() < before:
+            if proc.pid not in own and started_at(proc) < before:
                 found.append(proc)
         except psutil.Error:
             continue
     return found
 
 
+def started_at(proc) -> float:
+    """When `proc` started, on time.time()'s clock. psutil's create_time() counts from the
+    boot time in /proc/stat, whole seconds that drift from the wall clock: here it read
+    0.83 s early, so a process started just after a node was lost counted as started before
+    it. The kernel's start time counts from boot on CLOCK_BOOTTIME, which is exact."""
+    import psutil
+
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted + proc.create_time() - psutil.boot_time()
+
+
 def end(procs: list, grace: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `grace` seconds."""
+    """SIGTERM, then SIGKILL what is left after `grace` seconds. Never waits for them as
+    their parent would: where they are this process's children, another thread (torch's
+    agent) waits for them and must get their exit codes (a child reaped here would read
+    as exit 0 to its Popen, and a stopped training process as a finished one)."""
     import psutil
 
     for proc in procs:
@@ -68,12 +83,26 @@ def end(procs: list, grace: float = 2.0) -> None:
             proc.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    deadline = time.monotonic() + grace
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [proc for proc in alive if _running(proc)]
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             pass
+
+
+def _running(proc) -> bool:
+    """Still running: not gone, and not a zombie (ended, its exit code kept for its parent)."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def sweep(token: str, sig: int = signal.SIGKILL) -> int:

@@ -201,6 +201,33 @@ Supervisor([spec], dict(os.environ), 5.0, Log()).run()
     assert not alive(escaped) and not any(alive(p) for p in launcher)
 
 
+def test_processes_ended_as_stale_keep_their_exit_code_for_their_parent():
+    """rounds.py ends the training processes of a round that counts on a lost node. When
+    torch's agent runs in the entrypoint they are its children, which its Popen waits for:
+    reaped here, they read as exit 0, and the agent took a stopped job for a finished one
+    (seen in compose: a master that exited 0 at step 249 of 300)."""
+    import psutil
+
+    from entrypoint.running import reaper
+
+    token = reaper.new_token()
+    before = time.time()
+    time.sleep(0.1)
+    child = subprocess.Popen([PY, "-c", "import signal, sys, time\n"
+                              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\nprint('up', flush=True)\n"
+                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, reaper.TOKEN_VAR: token})
+    assert child.stdout.readline().strip() == "up"
+    # Started 0.1 s after `before`: not stale (the kernel counts in ticks of 10 ms; psutil's
+    # own create_time() read 0.83 s early on the machine that found this).
+    assert reaper.stale(token, before=before, spare_children=False) == []
+    assert abs(reaper.started_at(psutil.Process(child.pid)) - before) < 0.5
+    stale = reaper.stale(token, before=time.time() + 0.05, spare_children=False)
+    assert [p.pid for p in stale] == [child.pid]
+    reaper.end(stale)
+    assert child.wait(10) == 143
+
+
 def _children_of(pid: int) -> list[int]:
     import psutil
     return [c.pid for c in psutil.Process(pid).children(recursive=True)]
