@@ -54,7 +54,7 @@ def reachable(nodes: list) -> list[Listener]:
 def described(found: list[Listener], addrs: list[str], gates: dict[int, str]) -> Counter:
     """What each listener that other hosts could reach is, counted: the master's Gates (its
     entrypoint on every interface, on a port of `gates`, named by its variable), an elastic
-    torchrun node's peer link (its entrypoint, on its node's own address), a rank's
+    node's link port (its entrypoint, on its node's own address: job/links.py), a rank's
     (any process the entrypoint started) on every interface or on its node's own address
     (`addrs[k]`: node k's), and anything else by its process, address and port, which no
     list names."""

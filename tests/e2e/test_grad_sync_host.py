@@ -67,7 +67,9 @@ def test_ddp_under_mpirun_gets_the_same_strategies(jobs):
     last = grads(output, 15)
     assert len(last) == 2 and all(int(g["weight_rank"]) == 1 for g in last), last
     first = lines(output, "FIRST")
-    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-6 for f in first), first
+    # float32 rounding: the 8 micro-batches' gradients summed in another order (CI saw 2.3e-6);
+    # a step on the wrong gradient (local, summed, unscaled) is off by 1e-3 or more.
+    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-5 for f in first), first
     check_converged(output)
 
 
@@ -94,7 +96,9 @@ def test_accumulation_equals_one_step_on_the_combined_batch(jobs, launcher):
     codes, output = jobs.run(2, ["--steps", "30"], ENTRYPOINT=SCRIPT, LAUNCHER=launcher, GRAD_ACCUMULATION=4)
     assert codes == [0, 0], output[-4000:]
     first = lines(output, "FIRST")
-    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-6 for f in first), first
+    # float32 rounding: the 8 micro-batches' gradients summed in another order (CI saw 2.3e-6);
+    # a step on the wrong gradient (local, summed, unscaled) is off by 1e-3 or more.
+    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-5 for f in first), first
     micro = lines(output, "MICRO")
     assert len(micro) == 2 and micro[0]["grad"] != micro[1]["grad"], micro  # not synchronized: still local
     check_converged(output)
@@ -116,7 +120,9 @@ def test_keras_accumulation_is_horovods_aggregation_and_equals_the_combined_batc
     assert codes == [0, 0], output[-4000:]
     assert [a["passes"] for a in lines(output, "AGG")] == ["2", "2"]
     first = lines(output, "FIRST")
-    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-6 for f in first), first
+    # float32 rounding: the 8 micro-batches' gradients summed in another order (CI saw 2.3e-6);
+    # a step on the wrong gradient (local, summed, unscaled) is off by 1e-3 or more.
+    assert len(first) == 2 and all(float(f["max_diff"]) < 1e-5 for f in first), first
     assert [g["fp16"] for g in lines(output, "GRADS")] == ["0", "0"]
     assert [g["fp16"] for g in lines(output, "KERAS")] == ["0", "0"]
 

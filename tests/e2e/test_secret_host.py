@@ -78,7 +78,7 @@ def census(job: list[Node]) -> Counter:
 def reachable_as_documented(*gates: str, ranks_everywhere: int = 0, peer_links: int = 0) -> Counter:
     """docs/security.md's list for a launcher: the master's Gates, what each rank opens
     on every interface (elastic Horovod's notification service, TensorFlow's gRPC server),
-    and each elastic torchrun node's peer link (TLS with the job's certificate).
+    and each link port (an elastic torchrun node's, an elastic Horovod worker's: TLS with the job's certificate).
     Gloo's pair listeners bind NET_IFNAME's address, 127.0.0.1 on loopback, so they show only
     in containers (test_containers.py counts them there)."""
     return (Counter({f"Gate on {gate}": 1 for gate in gates}) + Counter({"rank, every interface": ranks_everywhere})
@@ -158,9 +158,11 @@ def test_horovod_behind_a_secret_trains_and_refuses_a_stranger_at_its_http_rende
                      JOB_SECRET=SECRET, addrs=NODE_ADDRS, **HOROVOD_JOBS[kind])
     master = job[0]
     wait_for(master, "TRAINING rank=0", 120)
-    # Elastic: also each rank's notification service, which Horovod's driver calls.
+    # Elastic: also each rank's notification service, which Horovod's driver calls, and the
+    # worker's link port, where the master holds a link to it.
     assert census(job) == reachable_as_documented("MASTER_PORT", "HOROVOD_PORT",
-                                                  ranks_everywhere=2 if kind == "elastic" else 0)
+                                                  ranks_everywhere=2 if kind == "elastic" else 0,
+                                                  peer_links=1 if kind == "elastic" else 0)
     planted = tmp_path / "planted"
     request = urllib.request.Request(f"http://127.0.0.1:{master.env['HOROVOD_PORT']}/global/rank_0",
                                      data=pickle.dumps(Planted(str(planted))), method="PUT")
