@@ -39,6 +39,7 @@ from .watch import Heartbeats, stop_outcome
 
 EXIT_RENDEZVOUS = 3          # this node could not join: no master within RDZV_TIMEOUT, rank taken
 HEARTBEAT_CHECK_S = 2.5      # nodes bump their heartbeat every second: a live one moves within this
+WAIT_BLOCK_S = 0.5           # the longest one wait on the store while joining (signals, an abort, beats between)
 
 
 @dataclass(frozen=True)
@@ -301,9 +302,12 @@ class Job:
             if members.claim(candidate):
                 return candidate
 
-    def _wait(self, node_rank: int, deadline: float, ready, timeout_text) -> None:
-        """Until ready(): looks every WAIT_INTERVAL_S, beats once a second (as the watch
-        does), so that a job behind a secret pays its relay for the reads only."""
+    def _wait(self, node_rank: int, deadline: float, ready, block, timeout_text) -> None:
+        """Until ready(): block(seconds) waits on the store for what ready() still lacks, at
+        most WAIT_BLOCK_S at a time; between waits, signals and an abort are seen, and this
+        node beats once a second (as the watch does). A wait is one request, answered when the
+        key is set: behind a secret every request goes through two TLS relays, and polling
+        for the other nodes was most of what the secret cost a job's start on few cores."""
         beat_at = 0.0
         while not ready():
             self._check_signals()
@@ -316,31 +320,40 @@ class Job:
             if now - beat_at >= 1.0:
                 self.heartbeats.beat(node_rank)
                 beat_at = now
-            time.sleep(WAIT_INTERVAL_S)
+            block(max(0.0, min(WAIT_BLOCK_S, deadline - now)))
 
     def _wait_for_nodes(self, node_rank: int, deadline: float) -> list[NodeInfo]:
         count, store = self.config.num_nodes, self.store
         found: dict[int, NodeInfo] = {}
 
+        def missing() -> list[int]:
+            return [k for k in range(count) if k not in found]
+
         def ready() -> bool:
-            for k in range(count):
-                if k not in found and (info := self.members.node_info(k)) is not None:
-                    found[k] = info
-            return len(found) == count
+            for k in missing():
+                if (info := self.members.node_info(k)) is None:
+                    return False
+                found[k] = info
+            return True
 
         def timeout_text() -> str:
-            missing = [str(k) for k in range(count) if k not in found]
             return (f"only {len(found)} of {count} nodes joined MASTER_ADDR:MASTER_PORT={store.endpoint} within "
-                    f"RDZV_TIMEOUT={self.config.rdzv_timeout}s; missing node(s) {', '.join(missing)}")
+                    f"RDZV_TIMEOUT={self.config.rdzv_timeout}s; missing node(s) {', '.join(map(str, missing()))}")
 
-        self._wait(node_rank, deadline, ready, timeout_text)
+        self._wait(node_rank, deadline, ready, lambda s: self.members.await_info(missing()[0], s), timeout_text)
         return [found[k] for k in range(count)]
 
     def _wait_for_launch(self, node_rank: int, deadline: float) -> Launch:
-        self._wait(node_rank, deadline, lambda: self.members.launch() is not None,
+        launch: list[Launch] = []
+
+        def ready() -> bool:
+            launch[:] = [found] if (found := self.members.launch()) is not None else []
+            return bool(launch)
+
+        self._wait(node_rank, deadline, ready, self.members.await_launch,
                    lambda: f"the master at {self.store.endpoint} did not start the job within "
                            f"RDZV_TIMEOUT={self.config.rdzv_timeout}s")
-        return self.members.launch()
+        return launch[0]
 
 
 

@@ -70,6 +70,10 @@ class Members:
     def node_info(self, rank: int) -> NodeInfo | None:
         return read(self.store, f"node/{rank}/info", NodeInfo.from_json)
 
+    def await_info(self, rank: int, timeout_s: float) -> bool:
+        """Whether node `rank` has published its info within timeout_s."""
+        return self.store.wait(f"node/{rank}/info", timeout_s)
+
     def publish_link(self, rank: int, port: int) -> None:
         self.store.set(f"node/{rank}/link", str(port))
 
@@ -87,5 +91,8 @@ class Members:
 
     def launch(self) -> Launch | None:
         return read(self.store, "job/launch", Launch.from_json)
+
+    def await_launch(self, timeout_s: float) -> bool:
+        return self.store.wait("job/launch", timeout_s)
 
 

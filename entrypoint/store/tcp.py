@@ -219,15 +219,16 @@ class TcpJobStore(JobStore):
             except (RuntimeError, ValueError, OSError) as exc:   # DistStoreError, DistNetworkError
                 reply.put((False, _first_line(exc)))
 
-    def _call(self, op: str, *args, timeout_s: float | None = None):
-        """TCPStore's `op`(*args) on the store's thread; StoreGone without a reply within
-        timeout_s (default: op_timeout_s), or before the store is connected."""
+    def _call(self, op, *args, timeout_s: float | None = None):
+        """TCPStore's `op`(*args) (a method's name, or a function of the store) on the
+        store's thread; StoreGone without a reply within timeout_s (default: op_timeout_s),
+        or before the store is connected."""
         if self._gone:
             raise StoreGone(self._gone)
         if self.store is None:
             raise StoreGone(f"not connected to the job store at {self.endpoint}")
         reply: queue.Queue = queue.Queue(1)
-        self._ops.put((getattr(self.store, op), args, reply))
+        self._ops.put((getattr(self.store, op) if isinstance(op, str) else op, args, reply))
         try:
             ok, value = reply.get(timeout=timeout_s or self.op_timeout_s)
         except queue.Empty:
@@ -255,3 +256,22 @@ class TcpJobStore(JobStore):
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         return self._call("compare_set", self.prefix + key, expected, desired).decode()
+
+    def wait(self, key: str, timeout_s: float) -> bool:
+        """TCPStore's own wait: the store answers when the key is set, so a waiting node
+        sends one request where polling sent one every POLL_S. A wait that times out is
+        cancelled by torch's client (CANCEL_WAIT, in every torch the matrix carries), so
+        the next operation reads its own reply. This node's other operations queue behind
+        it: keep it short."""
+        return self._call(self._wait_on_store, self.prefix + key, timeout_s, timeout_s=timeout_s + self.op_timeout_s)
+
+    def _wait_on_store(self, key: str, timeout_s: float) -> bool:
+        from torch.distributed import DistStoreError
+
+        try:
+            self.store.wait([key], dt.timedelta(seconds=max(timeout_s, 0.001)))
+            return True
+        except DistStoreError as exc:
+            if "timeout" in str(exc).lower():             # "wait timeout after 500ms, keys: ..."
+                return False
+            raise

@@ -5,8 +5,10 @@ job/ends.py, job/watch.py's heartbeats, job/rounds.py, health/hang_protocol.py).
 families know what the keys mean; a backend only moves strings: today torch's TCPStore,
 served by the master (tcp.py). Another one (an external, replicated store) implements
 this class and nothing else. Keys are relative to the job's prefix (`job_prefix`), which
-the backend applies; they are never deleted during a job, so there is no delete, and the
-nodes poll, so there is no watch: a backend that has one may use it behind `get`.
+the backend applies; they are never deleted during a job, so there is no delete. A node
+waiting for one key calls `wait`, which a backend that can block on the store does (a
+poll through a secret's relay costs CPU on every node, and on 2 cores that shows in the
+job's start); the rest poll.
 
 Every operation raises StoreGone once the store cannot be reached; `connect` raises
 RendezvousError when it cannot reach it in time, naming the endpoint and why.
@@ -15,10 +17,13 @@ RendezvousError when it cannot reach it in time, naming the endpoint and why.
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+
+POLL_S = 0.05          # JobStore.wait's interval where the backend cannot block on the store
 
 
 def job_prefix(run_id: str) -> str:
@@ -78,6 +83,15 @@ class JobStore(ABC):
     @abstractmethod
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         """Set `desired` if the key holds `expected` ("": the key is unset); returns what is stored."""
+
+    def wait(self, key: str, timeout_s: float) -> bool:
+        """Whether `key` is set within `timeout_s`: here by looking every POLL_S."""
+        deadline = time.monotonic() + timeout_s
+        while not self.has(key):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
 
 
 def read(store: JobStore, key: str, parse: Callable[[str], T]) -> T | None:
