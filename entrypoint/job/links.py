@@ -160,6 +160,11 @@ class WorkerLinks:
             except Exception:                       # noqa: BLE001 - the store is lost: the watch says so
                 pass
 
+    def held(self, rank: int) -> bool:
+        """Whether a link to node `rank` is open now."""
+        with self._lock:
+            return self._links.get(rank) is not None
+
     def cut(self, rank: int) -> bool:
         with self._lock:
             return rank in self._cut
@@ -170,8 +175,3 @@ class WorkerLinks:
             conn = self._links.pop(rank, None)
         end(conn)
 
-    def close(self) -> None:
-        with self._lock:
-            links, self._links = [c for c in self._links.values() if c is not None], {}
-        for conn in links:
-            end(conn)

@@ -186,7 +186,7 @@ def test_a_worker_whose_processes_die_is_lost_when_its_link_closes_not_after_pee
     try:
         assert watch.check() is None
         deadline = time.monotonic() + 5
-        while not all(watch.links._links.get(k) for k in workers) and time.monotonic() < deadline:
+        while not all(watch.links.held(k) for k in workers) and time.monotonic() < deadline:
             time.sleep(0.05)                                       # both links held
         assert discovery.find_available_hosts_and_slots() == {"node0": 1, "node1": 1, "node2": 1}
         Ends(store).set_exit(2, Outcome.succeeded())               # node 2 finished, then its process ends
