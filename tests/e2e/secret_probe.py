@@ -8,6 +8,10 @@ import os
 
 needle = os.environ["PROBE_REVERSED"][::-1].encode()
 rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+if os.environ.get("DMLC_ROLE") == "worker":       # MXNet's scheduler waits until every worker has registered
+    import mxnet
+
+    rank = str(mxnet.kv.create("dist_sync").rank)
 found = []
 if any(needle in value.encode() for value in os.environ.values()) or "JOB_SECRET" in os.environ:
     found.append("os.environ")

@@ -95,3 +95,15 @@ def test_a_workers_own_exit_code_is_the_jobs(jobs):
                              NPROC_PER_NODE=2, ENTRYPOINT=str(ROOT / "tests/e2e/exit_with.py"))
     assert codes == [7], output[-4000:]
     assert "rank 1: exiting with 7" in output and "Traceback" not in output, output[-4000:]
+
+
+@pytest.mark.parametrize("launcher", ["native", "horovod"])
+def test_no_mxnet_process_reads_the_secret(jobs, launcher):
+    """test_secret_host.py's environ probe for MXNet's workers (parameter servers, Horovod):
+    neither a worker's environment nor the entrypoint's /proc environ holds JOB_SECRET."""
+    secret = "9b4e1d7c3a8f2e6b0c5d9a1f7e3b8c2d"
+    codes, output = jobs.run(2, [], python=PYTHON, FRAMEWORK="mxnet", LAUNCHER=launcher, JOB_SECRET=secret,
+                             PROBE_REVERSED=secret[::-1], ENTRYPOINT=str(ROOT / "tests/e2e/secret_probe.py"))
+    assert codes == [0, 0], output[-4000:]
+    probes = re.findall(r"PROBE rank=(\d+) found=(\S+)", output)
+    assert sorted(rank for rank, _ in probes) == ["0", "1"] and {found for _, found in probes} == {"nothing"}, probes

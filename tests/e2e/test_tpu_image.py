@@ -115,3 +115,29 @@ def test_xla_store_under_a_secret_is_a_client_of_the_store_it_is_given(tpu_image
     assert "XLA_GROUP world=1 sum=1.0 open=[]" in output, output[-3000:]
     written = re.search(r"STORE keys_written=(\d+) exit=0", output)
     assert written and int(written.group(1)) > 0, output[-3000:]
+
+
+def test_no_xla_process_reads_the_secret(tpu_image, tmp_path):
+    """The environ probe of test_secret_host.py, in the tpu image's XLA process (one host on
+    XLA's CPU client: no TPU here for more). Given as JOB_SECRET_FILE, the secret is in no
+    environment the process can read; given as `-e JOB_SECRET`, only in PID 1's (tini's),
+    which the entrypoint cannot blank and says so."""
+    secret = "5d8e2b7a9c1f4e6a3b0d8c7e2f9a1b4d"
+    secret_file = tmp_path / "job_secret"
+    secret_file.write_text(secret + "\n")
+    secret_file.chmod(0o644)                          # the image runs as uid 1000
+    probe = dict(PJRT_DEVICE="CPU", ENTRYPOINT="/app/code/secret_probe.py", PROBE_REVERSED=secret[::-1])
+    code = f"{ROOT / 'tests' / 'e2e'}:/app/code:ro"
+
+    mounted = run(tpu_image, env={**probe, "JOB_SECRET_FILE": "/run/secrets/job_secret"},
+                  volumes=(code, f"{secret_file}:/run/secrets/job_secret:ro"), timeout=300)
+    output = mounted.stdout + mounted.stderr
+    assert mounted.returncode == 0, output[-3000:]
+    assert "one PyTorch/XLA process per host" in output, output[-3000:]
+    assert re.findall(r"PROBE rank=\S+ found=(\S+)", output) == ["nothing"], output[-3000:]
+
+    given = run(tpu_image, env={**probe, "JOB_SECRET": secret}, volumes=(code,), timeout=300)
+    output = given.stdout + given.stderr
+    assert given.returncode == 0, output[-3000:]
+    assert re.findall(r"PROBE rank=\S+ found=(\S+)", output) == ["/proc/1/environ"], output[-3000:]
+    assert "WARNING: JOB_SECRET stays readable in /proc/1/environ" in output and secret not in output
