@@ -100,6 +100,7 @@ def manifest(v: Variant, cuda_variants: dict[str, str] | None = None) -> dict:
         "horovod": horovod_build(v),
         "cuda_arch_list": list(v.cuda.arch_list) if v.cuda else [],
         "without": list(v.without),           # pinned companions this build left out
+        "allocators": {"tcmalloc": TCMALLOC_LIBRARY},   # MEMORY_ALLOCATOR: the library each preloads
         **({"cuda_variants": dict(sorted(cuda_variants.items()))} if v.cuda and cuda_variants else {}),
     }
 
@@ -175,9 +176,15 @@ def requirements(v: Variant) -> dict[str, str]:
             "build.txt": "\n".join(build) + "\n"}
 
 
+# MEMORY_ALLOCATOR=tcmalloc: gperftools' tcmalloc, preloaded into the training processes
+# (Debian's package took the t64 suffix in trixie).
+TCMALLOC_PACKAGE = {"bookworm": "libtcmalloc-minimal4"}
+TCMALLOC_LIBRARY = "libtcmalloc_minimal.so.4"
+
+
 def runtime_apt(v: Variant) -> list[str]:
     """Debian packages the runtime stage adds to the base's Python, tini and tools."""
-    packages = []
+    packages = [TCMALLOC_PACKAGE.get(v.distro, "libtcmalloc-minimal4t64")]
     if "mpi" in v.launchers():
         packages.append("openmpi-bin")
     if v.xla:

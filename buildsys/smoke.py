@@ -21,7 +21,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from .matrix import Variant
-from .render import manifest
+from .render import TCMALLOC_LIBRARY, manifest
 
 SCRIPTS = Path(__file__).resolve().parent / "smoke_scripts"
 RESULT_RE = re.compile(r"RESULT (\w+) rank=(\d+) size=(\d+) sum=(\[.*?\])")
@@ -309,6 +309,9 @@ def _result(name: str, code: int, output: str, verdict: tuple[bool, str]) -> Che
     return CheckResult(name, ok, detail)
 
 
+MAPPED = "print('mapped' if any('{name}' in line for line in open('/proc/self/maps')) else 'not mapped')"
+
+
 def run_smoke_tests(image: str, v: Variant, shared_objects: list[SharedObject] | None = None) -> list[CheckResult]:
     """Every check for the variant, in throwaway containers of `image`. `shared_objects`:
     the image's, where the caller has read its layers already (one `docker save` is a
@@ -350,6 +353,12 @@ def run_smoke_tests(image: str, v: Variant, shared_objects: list[SharedObject] |
         code, output = runner.run(["python3", "/smoke/mx_kvstore.py"])
         results.append(_result("mxnet kvstore dist_sync (scheduler, server, 2 workers)", code, output,
                                check_allreduce(output, "kvstore", 2, 4)))
+
+    # MEMORY_ALLOCATOR=tcmalloc preloads this library by its name: the dynamic linker finds it.
+    code, output = runner.run(["python3", "-c", MAPPED.format(name="libtcmalloc_minimal")],
+                              env={"LD_PRELOAD": TCMALLOC_LIBRARY})
+    results.append(_result(f"{TCMALLOC_LIBRARY} preloads (MEMORY_ALLOCATOR=tcmalloc)", code, output,
+                           (output.strip().endswith("mapped"), output.strip()[-300:])))
 
     if v.mpi4py:
         code, output = runner.run(["mpirun", "-np", "2", "python3", "/smoke/mpi_allreduce.py"])

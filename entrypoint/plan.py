@@ -197,8 +197,17 @@ def plan_node(config: Config, hw: Hardware, image: Image, direct: DirectRank | N
                           "NPROC_PER_NODE/NUM_NODES do not apply")
     launcher = choose(config, mode, nproc, accel, image, direct)
     warnings += launcher.check(hw)
-    return NodePlan(launcher=launcher, env=_common_env(launcher, hw), hardware=hw, warnings=tuple(warnings),
-                    python=python)
+    env = {**_common_env(launcher, hw), **_allocator_env(config, image)}
+    return NodePlan(launcher=launcher, env=env, hardware=hw, warnings=tuple(warnings), python=python)
+
+
+def _allocator_env(config: Config, image: Image) -> dict[str, str]:
+    """MEMORY_ALLOCATOR's library, preloaded into every training process before any the
+    user preloads (Choice has checked that the image carries it)."""
+    library = image.allocator_library(config.memory_allocator)
+    if library is None:
+        return {}
+    return {"LD_PRELOAD": " ".join(p for p in (library, config.passed.get("LD_PRELOAD", "")) if p)}
 
 
 # --------------------------------------------------------------------------- step 2

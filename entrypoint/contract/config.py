@@ -244,6 +244,11 @@ VARIABLES = (
     Var("GRAD_BUCKET_MB", Int(1, 4096), None,
         "MB of gradients sent in one collective (DDP's `bucket_cap_mb`, 25 there; Horovod's "
         "`HOROVOD_FUSION_THRESHOLD`, 64 there)"),
+    Var("MEMORY_ALLOCATOR", Choice(("system", "tcmalloc"), offered_by_image="allocators"), "system",
+        "`tcmalloc`: the training processes allocate through gperftools' tcmalloc (preloaded), which keeps "
+        "freed memory for the next step where the C library's malloc returns each large block to the "
+        "kernel and faults it in again: a 25M-parameter DDP step on one CPU thread took 0.7x as long "
+        "(docs/gradient-sync.md)"),
     Var("NUM_PS", Int(1), "1", 'TF `async`, MXNet `native`: parameter servers on the master'),
     Var("ENTRYPOINT", Text(), "/app/code/train.py", 'the script; arguments after the image name pass through'),
     Var("DATA_DIR", Text(), "/app/data",
@@ -343,6 +348,9 @@ VARIABLES = (
     Var("TF_CPP_MIN_LOG_LEVEL", PassThrough(), None, "TensorFlow's C++ log level; default for TensorFlow and "
                                                      "Keras jobs: 2 (errors only: no absl or tf.data banners "
                                                      "in every process); 0 or 1 brings them back"),
+    Var("LD_PRELOAD", PassThrough(), None, "libraries the dynamic linker loads first into every process; "
+                                           "with MEMORY_ALLOCATOR=tcmalloc the training processes get its "
+                                           "library before these"),
     Var("PYTHONFAULTHANDLER", PassThrough(), None, "default 1: a training process that crashes (SIGSEGV, SIGABRT "
                                                    "in C++ code) prints every thread's Python stack first; 0 turns "
                                                    "that off"),
@@ -419,6 +427,7 @@ class Config:
     powersgd_warmup: int = 10
     grad_accumulation: int = 1
     grad_bucket_mb: int | None = None
+    memory_allocator: str = "system"
     job_store: tuple[str, ...] | None = None  # JOB_STORE: each etcd member's client URL (http(s)://host:port)
     job_store_ca: str | None = None
     job_store_cert: str | None = None

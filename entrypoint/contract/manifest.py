@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 
 DEFAULT_PATH = "/etc/disttrain/manifest.json"
+TCMALLOC = "libtcmalloc_minimal.so.4"     # outside an image: MEMORY_ALLOCATOR=tcmalloc where this is installed
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,15 @@ class Image:
     horovod_mpi: bool | None = True    # its Horovod has the MPI controller (None: ask Horovod)
     cuda: str | None = None            # the CUDA its libraries are built for (CUDA variants)
     cuda_variants: tuple[tuple[str, str], ...] = ()   # the matrix's CUDA variants: (name, CUDA)
+    allocator_libraries: tuple[tuple[str, str], ...] = ()   # MEMORY_ALLOCATOR: (name, library to preload)
+
+    @property
+    def allocators(self) -> tuple[str, ...]:
+        """What MEMORY_ALLOCATOR may name here: the C library's malloc, and what the image carries."""
+        return ("system",) + tuple(name for name, _ in self.allocator_libraries)
+
+    def allocator_library(self, name: str) -> str | None:
+        return dict(self.allocator_libraries).get(name)
 
     @property
     def accelerators(self) -> tuple[str, ...]:
@@ -41,8 +51,10 @@ def detect() -> Image:
     frameworks = (["pytorch"] if has("torch") else []) + (["tensorflow", "keras"] if has("tensorflow") else []) \
         + (["mxnet"] if has("mxnet") else [])
     launchers = ["native"] + (["horovod"] if has("horovod") else []) + (["mpi"] if shutil.which("mpirun") else [])
+    # Where Debian's and Red Hat's packages put it (ldconfig -p would cost every start a process).
+    tcmalloc = glob.glob(f"/usr/lib*/{TCMALLOC}") + glob.glob(f"/usr/lib/*-linux-gnu/{TCMALLOC}")
     return Image(tuple(frameworks), tuple(launchers), "detected", xla=has("torch") and has("torch_xla"),
-                 horovod_mpi=None)
+                 horovod_mpi=None, allocator_libraries=(("tcmalloc", TCMALLOC),) if tcmalloc else ())
 
 
 def horovod_has_mpi(image: Image, family: str) -> bool:
@@ -102,4 +114,5 @@ def load(env: dict[str, str]) -> Image:
     horovod, versions = data.get("horovod") or {}, data.get("versions", {})
     return Image(tuple(data["frameworks"]), tuple(data["launchers"]), data.get("variant", "unknown"),
                  xla="torch_xla" in versions, horovod_mpi="mpi" in horovod.get("controllers", ()),
-                 cuda=versions.get("cuda"), cuda_variants=tuple(sorted(data.get("cuda_variants", {}).items())))
+                 cuda=versions.get("cuda"), cuda_variants=tuple(sorted(data.get("cuda_variants", {}).items())),
+                 allocator_libraries=tuple(sorted(data.get("allocators", {}).items())))

@@ -198,3 +198,19 @@ def test_the_documented_derived_image_adds_a_package_and_keeps_the_frameworks(im
             "disttrain-pip: /opt/venv belongs to root, not uid 1000: put USER root before this RUN"), refused.stderr
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def test_memory_allocator_tcmalloc_reaches_a_program_after_the_image(image):
+    """MEMORY_ALLOCATOR=tcmalloc: the process gets tcmalloc mapped (the plan's LD_PRELOAD);
+    by default, and for a value the image does not carry, the C library's malloc."""
+    probe = "print('tcmalloc' if any('libtcmalloc' in l for l in open('/proc/self/maps')) else 'glibc')"
+
+    def allocator(*env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "run", "--rm", *env, image, "python", "-c", probe], capture_output=True,
+                              text=True, timeout=300)
+
+    assert allocator().stdout.strip() == "glibc"
+    assert allocator("-e", "MEMORY_ALLOCATOR=tcmalloc").stdout.strip() == "tcmalloc"
+    refused = allocator("-e", "MEMORY_ALLOCATOR=jemalloc")
+    assert refused.returncode == 2 and refused.stderr.strip() == \
+        "entrypoint: MEMORY_ALLOCATOR='jemalloc': allowed: system, tcmalloc", refused.stderr

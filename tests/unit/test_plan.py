@@ -448,3 +448,16 @@ def test_outside_an_image_horovod_itself_says_whether_it_has_mpi():
     assert not {m for m in set(sys.modules) - loaded if m.startswith("horovod")}
     assert "libc.so.6" in needed_libraries("/bin/ls")
     assert needed_libraries(__file__) == [] and needed_libraries("/nonexistent") == []
+
+
+def test_tcmalloc_is_preloaded_into_every_training_process_before_the_users_libraries():
+    image = Image(FW, LA, allocator_libraries=(("tcmalloc", "libtcmalloc_minimal.so.4"),))
+    assert "LD_PRELOAD" not in plan(image=image).env                          # the default: the C library's
+    for launcher, nodes_ in (("native", 1), ("horovod", 2), ("mpi", 1)):
+        p = plan(image=image, MEMORY_ALLOCATOR="tcmalloc", LAUNCHER=launcher, NPROC_PER_NODE=2,
+                 LD_PRELOAD="/opt/mine.so", **({"NUM_NODES": 2, "ROLE": "master", "MASTER_ADDR": "m"}
+                                               if nodes_ > 1 else {}))
+        for spec in plan_processes(p, at(0, nodes(nodes_))):
+            assert spec.env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4 /opt/mine.so", (launcher, spec.argv)
+    with pytest.raises(ConfigError, match=r"^MEMORY_ALLOCATOR='tcmalloc': not in this image; allowed here: system$"):
+        plan(MEMORY_ALLOCATOR="tcmalloc")

@@ -339,3 +339,11 @@ def test_the_final_image_has_one_keras_and_nvidias_conventions(name):
         assert not any(k.startswith("NVIDIA_") for k in env)
     for key, value in env.items():
         assert f'{key}="{value}"' in final
+
+
+def test_every_variant_carries_tcmalloc_by_its_distros_package_name_and_says_so():
+    """MEMORY_ALLOCATOR=tcmalloc in every image: Debian renamed the package in trixie (t64)."""
+    for v in MATRIX.variants.values():
+        package = "libtcmalloc-minimal4t64" if v.distro == "trixie" else "libtcmalloc-minimal4"
+        assert package in render.render_dockerfile(v).split(), v.name
+        assert render.manifest(v)["allocators"] == {"tcmalloc": "libtcmalloc_minimal.so.4"}
