@@ -13,6 +13,10 @@ than 5 % slower than none unlimited; the example's final loss within 2 % of none
 (and bf16, on a GPU). Accumulation's time is per micro-batch (batch 32), as for the others.
 
     python bench/grad_sync.py [--image distributed-training-framework:cpu] [--steps 10] [--out bench/out]
+                              [--allocator system --allocator tcmalloc] [--link 1gbit --link unlimited]
+
+--allocator runs every row once per MEMORY_ALLOCATOR (each compared with `none` under the
+same allocator); --link picks the links (default: all three).
 
 Needs root (tc) and the image; the containers get one CPU thread each.
 """
@@ -69,7 +73,7 @@ def limit(veth: str, rate: str) -> None:
                     "latency", "100ms"], check=True)
 
 
-def containers_run(image: str, strategy: dict, link: str, steps: int) -> tuple[float, int]:
+def containers_run(image: str, strategy: dict, link: str, steps: int, allocator: str = "system") -> tuple[float, int]:
     """Both nodes' median seconds per micro-batch (the slower rank's), and the bytes the
     master's container sent per micro-batch."""
     tag = uuid.uuid4().hex[:8]
@@ -79,7 +83,8 @@ def containers_run(image: str, strategy: dict, link: str, steps: int) -> tuple[f
     try:
         for name, role in zip(names, ("master", "worker")):
             env = dict(FRAMEWORK="pytorch", TRAIN_MODE="distributed", NUM_NODES="2", ROLE=role,
-                       MASTER_ADDR=names[0], OMP_NUM_THREADS="1", ENTRYPOINT="/app/code/grad_steps.py", **strategy)
+                       MASTER_ADDR=names[0], OMP_NUM_THREADS="1", ENTRYPOINT="/app/code/grad_steps.py",
+                       MEMORY_ALLOCATOR=allocator, **strategy)
             docker("run", "-d", "--name", name, "--network", net, "--cpus", "1",
                    "-v", f"{ROOT / 'bench' / 'workloads'}:/app/code:ro",
                    *[a for k, v in env.items() for a in ("-e", f"{k}={v}")], image,
@@ -118,10 +123,10 @@ def example_losses(strategies: list[str], steps: int) -> dict[str, float]:
 
 
 def table(rows: list[dict], losses: dict[str, float]) -> str:
-    lines = ["| link | strategy | s per batch | x none | MB sent per batch |", "|---|---|---|---|---|"]
+    lines = ["| allocator | link | strategy | s per batch | x none | MB sent per batch |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['link']} | {row['strategy']} | {row['seconds']:.3f} | {row['ratio']:.2f} | "
-                     f"{row['sent'] / 1e6:.2f} |")
+        lines.append(f"| {row['allocator']} | {row['link']} | {row['strategy']} | {row['seconds']:.3f} | "
+                     f"{row['ratio']:.2f} | {row['sent'] / 1e6:.2f} |")
     lines += ["", "| bundled example | final loss | x none |", "|---|---|---|"]
     lines += [f"| {name} | {loss:.4f} | {loss / losses['none']:.3f} |" for name, loss in losses.items()]
     return "\n".join(lines)
@@ -134,10 +139,13 @@ def plot(rows: list[dict], out: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     names = list(STRATEGIES)
-    width = 0.8 / len(LINKS)
-    for i, link in enumerate(LINKS):
-        values = [next(r["seconds"] for r in rows if r["link"] == link and r["strategy"] == s) for s in names]
-        ax.bar([k + i * width for k in range(len(names))], values, width, label=link)
+    series = list(dict.fromkeys((r["allocator"], r["link"]) for r in rows))
+    width = 0.8 / len(series)
+    for i, (allocator, link) in enumerate(series):
+        values = [next(r["seconds"] for r in rows if (r["allocator"], r["link"]) == (allocator, link)
+                       and r["strategy"] == s) for s in names]
+        label = link if len({a for a, _ in series}) == 1 else f"{link}, {allocator}"
+        ax.bar([k + i * width for k in range(len(names))], values, width, label=label)
     ax.set_xticks([k + width for k in range(len(names))], names)
     ax.set_ylabel("seconds per batch of 32 (25M parameters, 2 nodes)")
     ax.set_title("Gradient strategies by link speed (tc tbf)")
@@ -154,18 +162,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per run (after 3 untimed)")
     p.add_argument("--example-steps", type=int, default=200)
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    p.add_argument("--allocator", action="append", choices=("system", "tcmalloc"),
+                   help="MEMORY_ALLOCATOR for every process (repeatable; default: system)")
+    p.add_argument("--link", action="append", choices=LINKS, help="repeatable; default: all")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for link in LINKS:
-        for name, strategy in STRATEGIES.items():
-            seconds, sent = containers_run(args.image, strategy, link, args.steps)
-            rows.append(dict(link=link, strategy=name, seconds=seconds, sent=sent))
-            print(f"{link:>9} {name:>12}: {seconds:.3f} s per batch, {sent / 1e6:.2f} MB sent", flush=True)
+    for allocator in args.allocator or ["system"]:
+        for link in args.link or LINKS:
+            for name, strategy in STRATEGIES.items():
+                seconds, sent = containers_run(args.image, strategy, link, args.steps, allocator)
+                rows.append(dict(allocator=allocator, link=link, strategy=name, seconds=seconds, sent=sent))
+                print(f"{allocator:>8} {link:>9} {name:>12}: {seconds:.3f} s per batch, {sent / 1e6:.2f} MB sent",
+                      flush=True)
     for row in rows:
         row["ratio"] = row["seconds"] / next(r["seconds"] for r in rows if r["link"] == row["link"]
-                                             and r["strategy"] == "none")
+                                             and r["allocator"] == row["allocator"] and r["strategy"] == "none")
     losses = example_losses(["none", "fp16", "powersgd"], args.example_steps)
     (out / "grad_sync.json").write_text(json.dumps({"rows": rows, "losses": losses}, indent=1))
     print(table(rows, losses))
