@@ -179,14 +179,17 @@ from entrypoint.launchers.torchrun.rendezvous_pace import keep_pace, reform_at_o
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 print(reform_at_once())
 
-def nodes(run_id, max_nodes):
+def nodes(run_id, max_nodes, beats=4):
+    # beats: keep-alives a node may miss before it counts as lost (0.25 s each). Only the
+    # lost case wants that short: elsewhere a live node's beat delayed on a loaded machine
+    # drops it from the round, and it waits for a next round that never comes.
     made = []
     for _ in range(2):          # each node its own client: a waiting get holds a client's connection
         own = dist.TCPStore("127.0.0.1", store.port, is_master=False)
         h = dr.DynamicRendezvousHandler.from_backend(
             run_id, own, C10dRendezvousBackend(own, run_id), min_nodes=1, max_nodes=max_nodes,
-            keep_alive_interval=0.25, keep_alive_max_attempt=4,
-            timeout=dr.RendezvousTimeout(last_call=dt.timedelta(seconds=4)))
+            keep_alive_interval=0.25, keep_alive_max_attempt=beats,
+            timeout=dr.RendezvousTimeout(join=dt.timedelta(seconds=30), last_call=dt.timedelta(seconds=4)))
         keep_pace(h, max_nodes)
         made.append(h)
     return made
@@ -206,16 +209,16 @@ a, b = nodes("lost", 2)
 together((0, a), (0, b))
 b._stop_heartbeats()
 print("lost", together((0, a)))
-a, b = nodes("late", 2)
+a, b = nodes("late", 2, beats=20)
 together((0, a), (0, b))
 print("late", together((0, a), (1.5, b)))
-a, b = nodes("first", 3)
+a, b = nodes("first", 3, beats=20)
 print("first", together((0, a), (1, b)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     got = {line.split(" ", 1)[0]: eval(line.split(" ", 1)[1]) if " " in line else line
            for line in out.stdout.strip().split("\n")}
-    assert got.get("True") == "True", out.stdout + out.stderr[-2000:]
+    assert got.get("True") == "True" and {"lost", "late", "first"} <= set(got), out.stdout + out.stderr[-3000:]
     (size, took), = got["lost"]
     assert size == 1 and took < 2.5, got
     (size_a, took_a), (size_b, _) = got["late"]
