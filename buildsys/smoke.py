@@ -358,7 +358,7 @@ def run_smoke_tests(image: str, v: Variant, shared_objects: list[SharedObject] |
     code, output = runner.run(["python3", "-c", MAPPED.format(name="libtcmalloc_minimal")],
                               env={"LD_PRELOAD": TCMALLOC_LIBRARY})
     results.append(_result(f"{TCMALLOC_LIBRARY} preloads (MEMORY_ALLOCATOR=tcmalloc)", code, output,
-                           (output.strip().endswith("mapped"), output.strip()[-300:])))
+                           (output.strip().splitlines()[-1:] == ["mapped"], output.strip()[-300:])))
 
     if v.mpi4py:
         code, output = runner.run(["mpirun", "-np", "2", "python3", "/smoke/mpi_allreduce.py"])
