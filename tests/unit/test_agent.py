@@ -165,8 +165,10 @@ def test_a_round_that_re_forms_completes_once_every_live_node_is_in_it():
     4 s, a node dropped after 1 s without a heartbeat. Two nodes form a round; then:
     one stops (its heartbeat with it) and the other's next round completes about 1 s later,
     when the lost node is dropped, not 4 s later; one goes on beating and joins 1.5 s after
-    the other, and the round waits for it (two nodes, not one); and at the job's first
-    round the last call still holds for a node that starts a second later."""
+    the other, and the round waits for it (two nodes, not one); both re-form at the same
+    time, one of them 0.5 s slow between torch's exit and join, and the other waits for it
+    rather than completing the round alone; and at the job's first round the last call
+    still holds for a node that starts a second later."""
     import subprocess
     import sys
 
@@ -212,17 +214,27 @@ print("lost", together((0, a)))
 a, b = nodes("late", 2, beats=20)
 together((0, a), (0, b))
 print("late", together((0, a), (1.5, b)))
+torch_run = b._op_executor.run
+def slow_between_exit_and_join(op, *args, **kwargs):   # as a loaded machine may be
+    done = torch_run(op, *args, **kwargs)
+    if isinstance(op, dr._RendezvousExitOp):
+        time.sleep(0.5)
+    return done
+b._op_executor.run = slow_between_exit_and_join
+print("again", together((0, a), (0, b)))
 a, b = nodes("first", 3, beats=20)
 print("first", together((0, a), (1, b)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     got = {line.split(" ", 1)[0]: eval(line.split(" ", 1)[1]) if " " in line else line
            for line in out.stdout.strip().split("\n")}
-    assert got.get("True") == "True" and {"lost", "late", "first"} <= set(got), out.stdout + out.stderr[-3000:]
+    assert got.get("True") == "True" and {"lost", "late", "again", "first"} <= set(got), out.stdout + out.stderr[-3000:]
     (size, took), = got["lost"]
     assert size == 1 and took < 2.5, got
     (size_a, took_a), (size_b, _) = got["late"]
     assert size_a == size_b == 2 and took_a < 3.5, got
+    (size_a, took_a), (size_b, took_b) = got["again"]
+    assert size_a == size_b == 2 and max(took_a, took_b) < 3.5, got
     (size_a, took_a), (size_b, _) = got["first"]
     assert size_a == size_b == 2 and took_a >= 3.5, got
 

@@ -31,6 +31,14 @@ participant, no one else is coming, and the survivors of a lost node waited that
 two for no one. A node that starts later still joins as it would after the last call: it
 waits for the next round, and the others restart to take it in.
 
+For that, a node keeps its heartbeat when it leaves a complete round for the next one.
+torch's `next_rendezvous` runs two operations, each its own compare-and-set: an exit that
+removes the node from the round's participants and its heartbeat with them, then a join.
+Between the two the node looked gone, and another node waiting in the re-forming round
+could find itself alone and complete the round without it (a test saw it 1 run in about
+10). With its heartbeat kept, the node counts as alive until it has joined; one that dies
+in between ages out as any silent node does, `ELASTIC_DEAD_AFTER` later.
+
 torch's own loop, state holder and timer are kept; only the wait, the cache's age, the
 keep-alive interval and the join's last call change, on the handler this process made (the
 delay and the join are module-wide: one agent per process).
@@ -102,15 +110,30 @@ def everyone_here(state, settings) -> bool:
 
 def reform_at_once() -> bool:
     """Make torch's join complete a round as soon as everyone_here(), for a node that has
-    been in a complete round before (the first round keeps its last call). False (nothing
-    changed) for a torch without this join."""
+    been in a complete round before (the first round keeps its last call), and a node that
+    leaves a complete round keep its heartbeat (alive, on its way to the next). False
+    (nothing changed) for a torch without this join and executor."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     torch_join = getattr(dr, "_RendezvousJoinOp", None)
     actions = getattr(dr, "_Action", None)
-    if torch_join is None or actions is None or not hasattr(actions, "MARK_RENDEZVOUS_COMPLETE"):
+    executor = getattr(dr, "_DistributedRendezvousOpExecutor", None)
+    if (torch_join is None or actions is None or not hasattr(actions, "MARK_RENDEZVOUS_COMPLETE")
+            or not hasattr(executor, "_remove_from_participants") or not hasattr(executor, "_keep_alive")):
         return False
     torch_join = getattr(torch_join, "torch_join", torch_join)
+    torch_remove = getattr(executor._remove_from_participants, "torch_remove", executor._remove_from_participants)
+
+    def _remove_from_participants(self) -> None:
+        """torch's removal; from a complete round (torch's exit, before its join), the
+        node's heartbeat stays, fresh."""
+        leaving_complete_round = self._state.complete
+        torch_remove(self)
+        if leaving_complete_round:
+            self._keep_alive()
+
+    _remove_from_participants.torch_remove = torch_remove
+    executor._remove_from_participants = _remove_from_participants
     formed: set = set()          # this process's nodes that have been in a complete round
 
     class ReformingJoin(torch_join):
