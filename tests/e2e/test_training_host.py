@@ -194,7 +194,7 @@ def test_a_rank_crashing_at_exit_never_strands_its_peer(jobs):
     assert output.count("ALLREDUCED") == 2, output[-3000:]
     assert codes[1] != 0 and codes[0] != 0, codes
     assert elapsed < 40, elapsed
-    assert "Fatal Python error: Aborted" in output and 'crash_at_exit.py", line 13' in output, output[-3000:]
+    assert "Fatal Python error: Aborted" in output and 'crash_at_exit.py", line 19' in output, output[-3000:]
 
 
 def resumed_steps(output: str) -> dict[int, int]:
