@@ -167,12 +167,12 @@ def cmd_build(matrix, version, args) -> int:
         else docker_build.find_docker_cli(args.docker_cli)
     for v in variants:
         refs = variant_tags(v, matrix.repository, version, args.registry)
-        context = docker_build.stage_context(v, Path(args.output_dir) / v.name, options.wheelhouse,
-                                             matrix.cuda_variants())
+        context, digest = docker_build.stage_context(v, Path(args.output_dir) / v.name, options.wheelhouse,
+                                                     matrix.cuda_variants())
         if args.dry_run:
-            print(" ".join(docker_build.build_command(cli, v, refs, context, options)))
+            print(" ".join(docker_build.build_command(cli, v, refs, context, options, digest=digest)))
             continue
-        docker_build.build(cli, v, refs, context, options)
+        docker_build.build(cli, v, refs, context, options, digest=digest)
         if args.export_wheels:
             docker_build.export_wheels(cli, v, context, options, Path(args.export_wheels))
         print(f"built {v.name}: {', '.join(refs)}", flush=True)

@@ -82,8 +82,9 @@ def base_image_for(v: Variant, options: BuildOptions) -> str:
 
 
 def build_command(cli: DockerCli, v: Variant, tags: list[str], context: Path, options: BuildOptions,
-                  target: str = "runtime", output: str | None = None) -> list[str]:
-    """The docker command line for one variant (no side effects)."""
+                  target: str = "runtime", output: str | None = None, digest: str | None = None) -> list[str]:
+    """The docker command line for one variant (no side effects). `digest`: the rendered
+    context's (render.context_digest), labelled so that a stale image can be told."""
     cmd = [cli.path] + (["buildx", "build"] if cli.buildx else ["build"])
     cmd += ["--progress", options.progress, "--target", target]
     if output:
@@ -115,6 +116,8 @@ def build_command(cli: DockerCli, v: Variant, tags: list[str], context: Path, op
         cmd += ["--label", f"org.opencontainers.image.created={created}"]
         if options.revision:
             cmd += ["--label", f"org.opencontainers.image.revision={options.revision}"]
+        if digest:
+            cmd += ["--label", f"{render.CONTEXT_LABEL}={digest}"]
         for tag in tags:
             cmd += ["--tag", tag]
     cmd.append(str(context))
@@ -167,9 +170,11 @@ def find_docker_cli(preferred: str | None = None) -> DockerCli:
 
 
 def stage_context(v: Variant, out_dir: Path, wheelhouse: Path | None,
-                  cuda_variants: dict[str, str] | None = None) -> Path:
-    """Render the variant's context into out_dir and add the local wheelhouse to it."""
-    context = render.write_context(render.render_context(v, cuda_variants), out_dir)
+                  cuda_variants: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Render the variant's context into out_dir and add the local wheelhouse to it: the
+    folder, and the rendered files' digest."""
+    files = render.render_context(v, cuda_variants)
+    context = render.write_context(files, out_dir)
     if wheelhouse:
         wheels = sorted(Path(wheelhouse).glob("*.whl"))
         if not wheels:
@@ -180,7 +185,7 @@ def stage_context(v: Variant, out_dir: Path, wheelhouse: Path | None,
                 os.link(wheel, target)          # same filesystem: no copy
             except OSError:
                 shutil.copy2(wheel, target)
-    return context
+    return context, render.context_digest(files)
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
@@ -190,8 +195,9 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
         raise BuildError(f"command failed with exit code {result.returncode}: {' '.join(cmd[:3])} ...")
 
 
-def build(cli: DockerCli, v: Variant, tags: list[str], context: Path, options: BuildOptions) -> None:
-    run(build_command(cli, v, tags, context, options), env=build_env(cli))
+def build(cli: DockerCli, v: Variant, tags: list[str], context: Path, options: BuildOptions,
+          digest: str | None = None) -> None:
+    run(build_command(cli, v, tags, context, options, digest=digest), env=build_env(cli))
 
 
 def export_wheels(cli: DockerCli, v: Variant, context: Path, options: BuildOptions, dest: Path) -> None:

@@ -7,6 +7,7 @@ Docker's layer cache keys stay stable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ def project_root() -> Path:
 
 REPO_ROOT = project_root()
 LABEL_PREFIX = "io.disttrain"
+# What an image was built from: the digest of its rendered context (`context_digest`), a
+# per-build label. An image whose digest differs from this checkout's render is stale.
+CONTEXT_LABEL = f"{LABEL_PREFIX}.context"
 PROJECT_VERSION = (REPO_ROOT / "VERSION").read_text().strip() if (REPO_ROOT / "VERSION").is_file() else "0+unknown"
 
 # Code copied into the image under /opt/disttrain (entrypoint, in-image API, examples).
@@ -344,6 +348,17 @@ def render_context(v: Variant, cuda_variants: dict[str, str] | None = None) -> l
     for name in APP_DIRS:
         files += _tree(REPO_ROOT / name, f"app/{name}", APP_SUFFIXES)
     return sorted(files, key=lambda f: f.path)
+
+
+def context_digest(files: list[File]) -> str:
+    """sha256 over every rendered file (path, mode, bytes): the same render, the same digest.
+    The wheelhouse a build adds and the base image are build options, not in it."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        for part in (f.path.encode(), b"x" if f.executable else b"-", f.content):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+    return "sha256:" + digest.hexdigest()
 
 
 def write_context(files: list[File], out_dir: Path) -> Path:

@@ -4,7 +4,8 @@ of entrypoint processes on loopback. Whatever a test starts is stopped and remov
 ends, passed or failed.
 
     image        TEST_IMAGE (default distributed-training-framework:cpu), built if missing
-    mxnet_image  MXNET_TEST_IMAGE (the cpu-mxnet variant); skips, saying how to build it, without it
+    mxnet_image  MXNET_TEST_IMAGE (the cpu-mxnet variant); skips, saying how to build it, without
+                 it or when it was built from other sources than this checkout's
     tpu_image    TPU_TEST_IMAGE (the tpu variant); likewise
     cuda_image   CUDA_TEST_IMAGE (default: the newest CUDA variant built here); likewise
     project      compose projects on compose/two-node.yml (+ overrides), removed (volumes too)
@@ -24,16 +25,19 @@ from buildsys.matrix import load_matrix
 from entrypoint.contract.config import MXNET_VARIANT
 from tests.conftest import ROOT
 from testing.cluster import Jobs
-from tests.e2e.docker_env import ComposeProject, docker, ensure_image
+from tests.e2e.docker_env import ComposeProject, ensure_image, staleness
 
 MXNET_IMAGE = os.environ.get("MXNET_TEST_IMAGE", f"distributed-training-framework:{MXNET_VARIANT}")
 TPU_IMAGE = os.environ.get("TPU_TEST_IMAGE", "distributed-training-framework:tpu")
 CUDA_IMAGE = os.environ.get("CUDA_TEST_IMAGE")
 
 
-def built_or_skip(image: str, how: str) -> str:
-    if docker("image", "inspect", image, check=False).returncode != 0:
-        pytest.skip(f"image {image} is not built ({how})")
+def built_or_skip(image: str, how: str, variant_name: str | None = None) -> str:
+    """The image, if this checkout built it (of `variant_name`); else the test skips,
+    saying why and how."""
+    why = staleness(image, variant_name)
+    if why:
+        pytest.skip(f"{why} ({how})")
     return image
 
 
@@ -45,12 +49,13 @@ def image() -> str:
 
 @pytest.fixture(scope="session")
 def mxnet_image() -> str:
-    return built_or_skip(MXNET_IMAGE, f"python build.py build {MXNET_VARIANT}; MXNET_TEST_IMAGE names another")
+    return built_or_skip(MXNET_IMAGE, f"python build.py build {MXNET_VARIANT}; MXNET_TEST_IMAGE names another",
+                         MXNET_VARIANT)
 
 
 @pytest.fixture(scope="session")
 def tpu_image() -> str:
-    return built_or_skip(TPU_IMAGE, "CI's test job builds only cpu: python build.py build tpu, or set TPU_TEST_IMAGE")
+    return built_or_skip(TPU_IMAGE, "python build.py build tpu (make test-tpu), or set TPU_TEST_IMAGE", "tpu")
 
 
 @pytest.fixture(scope="session")
@@ -58,14 +63,15 @@ def cuda_image() -> str:
     """A CUDA variant's image, on this machine's CPU: CUDA_TEST_IMAGE, else the newest CUDA
     variant of the matrix that is built here. CI builds none (15-25 minutes each)."""
     if CUDA_IMAGE:
-        return built_or_skip(CUDA_IMAGE, "CUDA_TEST_IMAGE names an image that is not built")
+        return built_or_skip(CUDA_IMAGE, f"CUDA_TEST_IMAGE={CUDA_IMAGE}")
     matrix = load_matrix(ROOT / "matrix.yaml")
     cuda = sorted((v for v in matrix.variants.values() if v.cuda), key=lambda v: parse_version(v.cuda.version))
     for variant in reversed(cuda):
         name = f"{matrix.repository}:{variant.name}"
-        if docker("image", "inspect", name, check=False).returncode == 0:
+        if staleness(name, variant.name) is None:
             return name
-    pytest.skip(f"no CUDA image is built here (python build.py build {cuda[-1].name}, or set CUDA_TEST_IMAGE)")
+    pytest.skip(f"no CUDA image built from this checkout is here (python build.py build {cuda[-1].name}, "
+                f"or set CUDA_TEST_IMAGE)")
 
 
 @pytest.fixture

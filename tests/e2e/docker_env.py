@@ -34,6 +34,31 @@ def compose_command() -> list[str]:
     return [standalone]
 
 
+def staleness(image: str, variant_name: str | None = None) -> str | None:
+    """Why `image` is not what this checkout builds (of `variant_name`, if given), or None
+    when it is: not on this engine, another variant, or its context digest
+    (render.CONTEXT_LABEL) is not this checkout's render of its variant (with what it was
+    built without). An engine outlives checkouts; a test of a stale image tests old code."""
+    from buildsys.matrix import load_matrix
+    from buildsys.render import CONTEXT_LABEL, LABEL_PREFIX, context_digest, render_context
+
+    found = docker("image", "inspect", "--format", "{{json .Config.Labels}}", image, check=False)
+    if found.returncode != 0:
+        return f"image {image} is not built"
+    labels = json.loads(found.stdout) or {}
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    name = labels.get(f"{LABEL_PREFIX}.variant", "")
+    variant = matrix.variants.get(name)
+    if variant is None or (variant_name and name != variant_name):
+        return f"image {image} is variant {name or 'none'!r} ({LABEL_PREFIX}.variant), not {variant_name or 'of matrix.yaml'}"
+    variant = variant.leaving_out(x for x in labels.get(f"{LABEL_PREFIX}.without", "").split(",") if x)
+    want = context_digest(render_context(variant, matrix.cuda_variants()))
+    if labels.get(CONTEXT_LABEL) != want:
+        return (f"image {image} was built from other sources than this checkout's ({CONTEXT_LABEL}="
+                f"{labels.get(CONTEXT_LABEL, 'none')[:19]}, this checkout renders {want[:19]})")
+    return None
+
+
 def ensure_image() -> str:
     if docker("image", "inspect", IMAGE, check=False).returncode != 0:
         subprocess.run([sys.executable, str(ROOT / "build.py"), "build", VARIANT], check=True)

@@ -37,6 +37,19 @@ def test_legacy_client_build_has_buildkit_features():
     assert args_of(cmd, "--target") == ["runtime"] and cmd[-1] == "/ctx"
 
 
+def test_the_context_digest_is_a_label_that_changes_with_any_rendered_file():
+    from buildsys.render import CONTEXT_LABEL, File, context_digest, render_context
+
+    files = render_context(CPU)
+    digest = context_digest(files)
+    assert digest == context_digest(list(reversed(render_context(CPU)))) and digest.startswith("sha256:")
+    changed = [File(f.path, f.content + b"\n") if f.path == "Dockerfile" else f for f in files]
+    moved = [File("x" + f.path, f.content) if f.path == "Dockerfile" else f for f in files]
+    assert len({digest, context_digest(changed), context_digest(moved), context_digest(render_context(CPU.leaving_out(["torchvision"])))}) == 4
+    cmd = build_command(DockerCli("docker", buildx=True), CPU, ["r:cpu"], Path("/ctx"), BuildOptions(), digest=digest)
+    assert f"{CONTEXT_LABEL}={digest}" in args_of(cmd, "--label")
+
+
 def test_ca_certificate_is_never_a_build_arg():
     cmd = build_command(DockerCli("docker", buildx=True), CPU, ["r:cpu"], Path("/ctx"),
                         BuildOptions(ca_cert=Path("/x/ca.pem")))
