@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GPU truth in one call: on a CUDA host without Docker, build Horovod with NCCL against the
 host's torch and NCCL wheel, check the build, train through the entrypoint on the GPU, show
-the entrypoint's preflight, time 256 MB allreduces, and the gradient compressions on NCCL
-(bf16 needs it); one verdict line per step, all within 8 minutes.
+the entrypoint's preflight, time 256 MB allreduces, and the gradient compressions on NCCL;
+one verdict line per step, all within 8 minutes.
 
     bench/gpu_check.sh --prepare     with a package index: fetch what the GPU host cannot
     bench/gpu_check.sh               on the GPU host: the seven steps
@@ -518,10 +518,10 @@ GRADIENT_GOAL = 0.02                 # issue 37: fp16's and bf16's final loss wi
 
 
 def step_gradients(check: Check) -> tuple[bool, str]:
-    """GRAD_COMPRESSION on NCCL (bf16 needs it), through the entrypoint: the 25M-parameter DDP
+    """GRAD_COMPRESSION on NCCL (on Gloo in rehearsal), through the entrypoint: the 25M-parameter DDP
     workload of bench/grad_sync.py on each GPU of this host, per compression: seconds per
     batch (one GPU: the compression's own cost; several: the links too) and the final loss."""
-    compressions = ["none", "fp16", "powersgd"] + ([] if check.rehearse else ["bf16"])
+    compressions = ["none", "fp16", "powersgd", "bf16"]
     rows, problems = {}, []
     for i, compression in enumerate(compressions):
         env = check.env(FRAMEWORK="pytorch", TRAIN_MODE="local", ENTRYPOINT=WORKLOADS / "grad_steps.py",

@@ -1,22 +1,23 @@
 """Gradient strategies on a slow link (issue 37): step time of a ~25M-parameter model (DDP,
 synthetic data, bench/workloads/grad_steps.py) in two containers of the image, whose link is
 limited from the host with `tc ... tbf` on each container's veth (each side shapes what it
-receives, so both directions are limited), for GRAD_COMPRESSION none, fp16, powersgd and
-GRAD_ACCUMULATION=4, at 1 Gbit/s, 10 Gbit/s and unlimited, side by side in one run. bf16 is
-not in it: torch's bf16_compress_hook needs NCCL, and the entrypoint refuses it without a GPU.
+receives, so both directions are limited), for GRAD_COMPRESSION none, fp16, bf16, powersgd
+and GRAD_ACCUMULATION=4, at 1 Gbit/s, 10 Gbit/s and unlimited, side by side in one run.
 
 Then the bundled example (examples/train.py, PyTorch DDP) on two nodes on loopback, through
-the entrypoint, for none, fp16 and powersgd: its final loss.
+the entrypoint, for none, fp16, bf16 and powersgd: its final loss.
 
 Goals: fp16 <= 0.6x and PowerSGD <= 0.3x of none's step time at 1 Gbit/s; no strategy more
 than 5 % slower than none unlimited; the example's final loss within 2 % of none's for fp16
-(and bf16, on a GPU). Accumulation's time is per micro-batch (batch 32), as for the others.
+and bf16. Accumulation's time is per micro-batch (batch 32), as for the others.
 
     python bench/grad_sync.py [--image distributed-training-framework:cpu] [--steps 10] [--out bench/out]
                               [--allocator system --allocator tcmalloc] [--link 1gbit --link unlimited]
 
 --allocator runs every row once per MEMORY_ALLOCATOR (each compared with `none` under the
-same allocator); --link picks the links (default: all three).
+same allocator); --link picks the links (default: all three). --one-process adds rows of
+one container with one rank (TRAIN_MODE=local, link "one process"): what a step costs the
+CPU without a peer, the allocator's part in it (docs/gradient-sync.md).
 
 Needs root (tc) and the image; the containers get one CPU thread each.
 """
@@ -44,6 +45,7 @@ from testing.results import results  # noqa: E402
 STRATEGIES = {
     "none": {},
     "fp16": {"GRAD_COMPRESSION": "fp16"},
+    "bf16": {"GRAD_COMPRESSION": "bf16"},
     "powersgd": {"GRAD_COMPRESSION": "powersgd", "POWERSGD_RANK": "4", "POWERSGD_WARMUP": "2"},
     "accumulate 4": {"GRAD_ACCUMULATION": "4"},
 }
@@ -73,30 +75,35 @@ def limit(veth: str, rate: str) -> None:
                     "latency", "100ms"], check=True)
 
 
+ONE_PROCESS = "one process"
+
+
 def containers_run(image: str, strategy: dict, link: str, steps: int, allocator: str = "system") -> tuple[float, int]:
     """Both nodes' median seconds per micro-batch (the slower rank's), and the bytes the
-    master's container sent per micro-batch."""
+    master's container sent per micro-batch. Link ONE_PROCESS: one container, one rank."""
     tag = uuid.uuid4().hex[:8]
     net = f"gradsync-{tag}"
     docker("network", "create", net)
-    names = [f"gradsync-{tag}-{role}" for role in ("master", "worker")]
+    roles = ("master",) if link == ONE_PROCESS else ("master", "worker")
+    names = [f"gradsync-{tag}-{role}" for role in roles]
     try:
-        for name, role in zip(names, ("master", "worker")):
-            env = dict(FRAMEWORK="pytorch", TRAIN_MODE="distributed", NUM_NODES="2", ROLE=role,
-                       MASTER_ADDR=names[0], OMP_NUM_THREADS="1", ENTRYPOINT="/app/code/grad_steps.py",
+        for name, role in zip(names, roles):
+            mode = dict(TRAIN_MODE="local") if link == ONE_PROCESS else \
+                dict(TRAIN_MODE="distributed", NUM_NODES="2", ROLE=role, MASTER_ADDR=names[0])
+            env = dict(FRAMEWORK="pytorch", **mode, OMP_NUM_THREADS="1", ENTRYPOINT="/app/code/grad_steps.py",
                        MEMORY_ALLOCATOR=allocator, **strategy)
             docker("run", "-d", "--name", name, "--network", net, "--cpus", "1",
                    "-v", f"{ROOT / 'bench' / 'workloads'}:/app/code:ro",
                    *[a for k, v in env.items() for a in ("-e", f"{k}={v}")], image,
                    "--warmup", "3", "--steps", str(steps))
-            if link != "unlimited":
+            if link not in ("unlimited", ONE_PROCESS):
                 limit(host_veth(name), link)
         codes = [int(docker("wait", name)) for name in names]
         logs = "".join(subprocess.run(["docker", "logs", name], capture_output=True, text=True).stdout
                        + subprocess.run(["docker", "logs", name], capture_output=True, text=True).stderr
                        for name in names)
         found = re.findall(r"GRADSTEPS rank=(\d+) params=\d+ per_batch=([\d.]+) sent_per_batch=(\d+)", logs)
-        if codes != [0, 0] or len(found) != 2:
+        if codes != [0] * len(names) or len(found) != len(names):
             raise RuntimeError(f"{strategy} at {link}: exit {codes}\n{logs[-3000:]}")
         return max(float(t) for _, t, _ in found), next(int(b) for r, _, b in found if r == "0")
     finally:
@@ -165,12 +172,13 @@ def main() -> None:
     p.add_argument("--allocator", action="append", choices=("system", "tcmalloc"),
                    help="MEMORY_ALLOCATOR for every process (repeatable; default: system)")
     p.add_argument("--link", action="append", choices=LINKS, help="repeatable; default: all")
+    p.add_argument("--one-process", action="store_true", help="also one container with one rank (no link)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for allocator in args.allocator or ["system"]:
-        for link in args.link or LINKS:
+        for link in [*(args.link or LINKS), *([ONE_PROCESS] if args.one_process else [])]:
             for name, strategy in STRATEGIES.items():
                 seconds, sent = containers_run(args.image, strategy, link, args.steps, allocator)
                 rows.append(dict(allocator=allocator, link=link, strategy=name, seconds=seconds, sent=sent))
@@ -179,7 +187,7 @@ def main() -> None:
     for row in rows:
         row["ratio"] = row["seconds"] / next(r["seconds"] for r in rows if r["link"] == row["link"]
                                              and r["allocator"] == row["allocator"] and r["strategy"] == "none")
-    losses = example_losses(["none", "fp16", "powersgd"], args.example_steps)
+    losses = example_losses(["none", "fp16", "bf16", "powersgd"], args.example_steps)
     (out / "grad_sync.json").write_text(json.dumps({"rows": rows, "losses": losses}, indent=1))
     print(table(rows, losses))
     print(f"\nplot: {plot(rows, out)}")

@@ -9,7 +9,8 @@ with the defaults it does nothing. Else it patches, as each is imported:
   PyTorch DDP (`DistributedDataParallel(model)`, also what disttrain.torch.wrap_model makes):
     GRAD_BUCKET_MB is its `bucket_cap_mb` unless the script passes one; at its first forward
     pass, unless the script registered a communication hook of its own, the compression's
-    hook: torch's fp16_compress_hook, bf16_compress_hook or powerSGD_hook. With
+    hook: torch's fp16_compress_hook, bf16_compress_hook (on Gloo, past DDP's check for
+    NCCL: bf16_compress_hook_on_gloo) or powerSGD_hook. With
     GRAD_ACCUMULATION=N, all but every Nth training forward pass run as under `no_sync()`.
   Horovod (`hvd.DistributedOptimizer(opt)` for PyTorch, TensorFlow and Keras, and
     `hvd.DistributedGradientTape`): compression=hvd.Compression.fp16, and for PyTorch and
@@ -56,15 +57,23 @@ def _say(what: str) -> None:
 
 # --------------------------------------------------------------------------- DDP
 
-def _comm_hook(settings: GradSync):
+def _comm_hook(settings: GradSync, gloo: bool):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     if settings.compression == "fp16":
         return None, default_hooks.fp16_compress_hook
     if settings.compression == "bf16":
-        return None, default_hooks.bf16_compress_hook
+        return None, bf16_compress_hook_on_gloo if gloo else default_hooks.bf16_compress_hook
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=settings.powersgd_rank,
                                         start_powerSGD_iter=settings.powersgd_warmup)
     return state, _one_chain_at_a_time_on_cpu(powerSGD_hook.powerSGD_hook)
+
+
+def bf16_compress_hook_on_gloo(process_group, bucket):
+    """torch's bf16_compress_hook, for a Gloo process group. DDP's register_comm_hook refuses
+    that hook by its name unless CUDA with NCCL 2.10+ (or XPU) is there, for NCCL's sake;
+    Gloo's all-reduce has summed bfloat16 for as long as the matrix's torch versions."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
 def _one_chain_at_a_time_on_cpu(hook):
@@ -108,7 +117,8 @@ def _patch_ddp(module, settings: GradSync) -> None:
                     _say(f"GRAD_COMPRESSION={settings.compression} not applied: the script registered "
                          f"its own communication hook ({self._comm_hooks[0][0].__name__})")
                 else:
-                    state, hook = _comm_hook(settings)
+                    gloo = module.dist.get_backend(self.process_group) == "gloo"
+                    state, hook = _comm_hook(settings, gloo)
                     self.register_comm_hook(state, hook)
                     _say(f"{settings.compression} compression (DDP comm hook {hook.__name__})")
         if settings.accumulation > 1 and self.training and module.torch.is_grad_enabled():

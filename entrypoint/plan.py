@@ -188,7 +188,7 @@ def plan_node(config: Config, hw: Hardware, image: Image, direct: DirectRank | N
         mode = config.train_mode
         nproc = config.nproc_per_node or (hw.gpus if accel.kind == "gpu" and hw.gpus else 1)
     accelerators.check_xla_layout(config, accel, hw, nproc, direct)
-    refused = grad_sync.on_accelerator(config.grad_sync, accel.kind, accel.xla)
+    refused = grad_sync.on_accelerator(config.grad_sync, accel.xla)
     if refused:
         raise ConfigError(refused)
     warnings = _hardware_warnings(config, hw, accel, nproc, direct) + _driver_warnings(hw, accel, image)

@@ -131,9 +131,10 @@ def refusal(sync: GradSync, framework: str, launcher: str, sync_mode: str) -> st
     return None
 
 
-def on_accelerator(sync: GradSync, kind: str, xla: bool) -> str | None:
-    """The one line for what the job's accelerator cannot do, or None: torch's bf16 hook
-    needs NCCL; DDP's hooks and buckets are not built for the xla process group."""
+def on_accelerator(sync: GradSync, xla: bool) -> str | None:
+    """The one line for what the job's accelerator cannot do, or None: DDP's hooks and
+    buckets are not built for the xla process group. (bf16 runs on NCCL and on Gloo, whose
+    all-reduce sums bfloat16 as well.)"""
     if xla and not sync.default:
         name, value, allowed = next(
             (n, v, a) for n, v, a in (("GRAD_COMPRESSION", sync.compression, "none"),
@@ -142,9 +143,6 @@ def on_accelerator(sync: GradSync, kind: str, xla: bool) -> str | None:
             if v not in ("none", "1", "None"))
         return (f"{name}={value!r}: DDP's communication hooks and buckets are not built for the xla process "
                 f"group; allowed on PyTorch/XLA: {allowed}")
-    if sync.compression == "bf16" and kind != "gpu":
-        return (f"GRAD_COMPRESSION='bf16': torch's bf16_compress_hook needs NCCL (a GPU); allowed on {kind}: "
-                "none, fp16, powersgd")
     return None
 
 
@@ -169,8 +167,6 @@ def table() -> str:
     rows = ["| FRAMEWORK | LAUNCHER | GRAD_COMPRESSION | GRAD_ACCUMULATION | GRAD_BUCKET_MB |", "|---|---|---|---|---|"]
     for (framework, launcher), can in SUPPORT.items():
         compressions = ", ".join(f"`{c}`" for c in can.compressions)
-        if "bf16" in can.compressions:
-            compressions += " (`bf16`: GPUs)"
         rows.append(f"| {framework} | {launcher} | {compressions} | {can.accumulation or 'not built'} | "
                     f"{can.bucket or 'not built'} |")
     return "\n".join(rows)

@@ -36,7 +36,7 @@ BAD = [
     {"JOB_SECRET_FILE": "/dev/null"},
     {"NUM_NODE": "2", "UNKNOWN_VARIABLES": "error"},
     {"NET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "eth0"},
-    {"GRAD_COMPRESSION": "bf16", "ACCELERATOR": "cpu"},
+    {"GRAD_COMPRESSION": "powersgd", "LAUNCHER": "horovod"},
     {"GRAD_COMPRESSION": "fp16", "FRAMEWORK": "tensorflow"},
     {"GRAD_ACCUMULATION": "0"},
 ]
