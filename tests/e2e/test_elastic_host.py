@@ -42,6 +42,11 @@ LAUNCHERS = {"native": dict(ELASTIC, LAUNCHER="native"), "horovod": dict(ELASTIC
 # losing and gaining a node, as PyTorch's paths do.
 WITH_KERAS = {**LAUNCHERS, "keras-horovod": dict(ELASTIC, LAUNCHER="horovod", FRAMEWORK="keras", MAX_RESTARTS=0)}
 LOSES_AT_MOST = {"native": 0, "horovod": 10, "keras-horovod": 10}          # steps lost with a node
+# A gradient strategy on each path while the job grows (GRAD_COMPRESSION): torchrun starts
+# new processes for the new round, whose PowerSGD state (error feedback, warm start) begins
+# afresh; Horovod's processes go on, and its fp16 compression keeps no state.
+STRATEGY = {"native": dict(GRAD_COMPRESSION="powersgd", POWERSGD_WARMUP=2),
+            "horovod": dict(GRAD_COMPRESSION="fp16"), "keras-horovod": dict(GRAD_COMPRESSION="fp16")}
 
 
 @pytest.mark.parametrize("launcher", WITH_KERAS)
@@ -63,7 +68,8 @@ def test_elastic_job_goes_on_without_a_killed_worker(jobs, launcher):
 
 @pytest.mark.parametrize("launcher", WITH_KERAS)
 def test_elastic_job_grows_when_a_node_joins(jobs, launcher):
-    job = jobs.start(2, LONG, **WITH_KERAS[launcher])
+    """With a gradient strategy (STRATEGY): applied again by every round's first rank."""
+    job = jobs.start(2, LONG, **WITH_KERAS[launcher], **STRATEGY[launcher])
     wait_for_rank0(job, launcher, "step 40 loss")
     jobs.add_node(job)
     codes = [node.wait(240) for node in job]
@@ -75,6 +81,9 @@ def test_elastic_job_grows_when_a_node_joins(jobs, launcher):
     found = results(output)
     assert sorted(r.rank for r in found) == [0, 1, 2] and len({r.digest for r in found}) == 1
     assert all(r.world == 3 and r.after < initial_loss(output) for r in found)
+    said = {"native": "powersgd compression (DDP comm hook powerSGD_hook)"}.get(launcher,
+                                                                              "fp16 compression (hvd.Compression.fp16)")
+    assert output.count(f"disttrain: gradients: {said}") >= (2 if launcher == "native" else 1), output[-4000:]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
