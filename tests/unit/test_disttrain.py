@@ -317,3 +317,27 @@ def test_accumulation_with_amps_grad_scaler_and_clipping_is_one_clipped_step_on_
     assert out.returncode == 0, out.stderr[-3000:]
     diff = float(out.stdout.split("DIFF ")[1])
     assert diff < 1e-6, out.stdout
+
+
+def test_powersgds_narrow_products_on_cpu_are_torchs_own_numbers_and_its_module_keeps_torch():
+    """gradsync gives powerSGD_hook's module a torch whose bmm computes M·Q and Mᵀ·P (a CPU
+    product with a narrow right side) as (Qᵀ·Mᵀ)ᵀ and (Pᵀ·M)ᵀ: the same products to float32
+    rounding, into the same `out`; any other bmm, and every other name, is torch's."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    from disttrain import gradsync
+
+    gradsync._narrow_products_on_cpu(powerSGD_hook)
+    gradsync._narrow_products_on_cpu(powerSGD_hook)             # once only
+    patched = powerSGD_hook.torch
+    assert isinstance(patched, gradsync._TorchWithNarrowProducts) and patched._torch is torch
+    assert patched.float32 is torch.float32 and patched.cuda is torch.cuda
+    g = torch.Generator().manual_seed(0)
+    m, p, q = torch.randn(2, 300, 500, generator=g), torch.randn(2, 300, 4, generator=g), torch.randn(2, 500, 4, generator=g)
+    for a, b in ((m.transpose(1, 2), p), (m, q)):
+        out = torch.empty(2, a.shape[1], 4)
+        assert patched.bmm(a, b, out=out) is out
+        assert torch.allclose(out, torch.bmm(a, b), rtol=1e-5, atol=1e-4)
+    wide, out = torch.randn(2, 300, 200, generator=g), torch.empty(2, 500, 200)      # not narrow: torch's path
+    assert torch.equal(patched.bmm(m.transpose(1, 2), wide, out=out), torch.bmm(m.transpose(1, 2), wide))
