@@ -7,7 +7,9 @@ loopback, testing/s3.py), side by side in one run:
   best of them. Rounds alternate between the tools; the median is reported.
 * The training loop's stall per checkpoint: a loop of fixed work (about 0.3 s a step here)
   that saves a 128 MiB checkpoint every 10 steps, through the entrypoint, with CHECKPOINT_DIR a local folder and s3://
-  (the upload runs in the entrypoint, beside the training). Goal: within 1.05x.
+  (the upload runs in the entrypoint, beside the training). Goal: within 1.05x. Beside it,
+  where the CPU goes per checkpoint: the node's (entrypoint and rank, beyond a run that
+  saves nothing) and the store's own, which a remote store would not take from the node.
 * From a save to "complete in the bucket" (the node's manifest lists it).
 * A fresh node resuming a 1 GiB checkpoint from the bucket: start to the script's first line.
 
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -137,10 +140,24 @@ def node(env: dict[str, str], args: list[str], timeout: float = 600) -> tuple[st
     return run.stdout + run.stderr, t0
 
 
+def children_cpu() -> float:
+    """CPU seconds of every process this one has waited for (a node: its entrypoint and ranks)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds a running process (every thread) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_checkpoints(s3: SeaweedS3, work: Path, steps: int, mib: int, rounds: int, work_size: int) -> list[dict]:
     bucket = s3.make_bucket(f"bench-ckpt-{os.getpid()}")
     args = ["--steps", str(steps), "--every", "10", "--mib", str(mib), "--work", str(work_size)]
     loops: dict[str, list[float]] = {"none": [], "local": [], "s3": []}
+    node_cpu: dict[str, list[float]] = {"none": [], "local": [], "s3": []}
+    store_cpu: dict[str, list[float]] = {"none": [], "local": [], "s3": []}
     complete: list[float] = []
     for r in range(rounds):
         for where in ("none", "local", "s3"):
@@ -150,7 +167,10 @@ def bench_checkpoints(s3: SeaweedS3, work: Path, steps: int, mib: int, rounds: i
             env = base_env(**s3.env(), ENTRYPOINT=str(WORKLOADS / "checkpointing.py"), CHECKPOINT_DIR=ckpt,
                            CACHE_DIR=str(cache), HANG_TIMEOUT="0", STRAGGLER_FACTOR="0")
             extra = ["--every", "0"] if where == "none" else []
+            cpu0, store0 = children_cpu(), process_cpu(s3.proc.pid)
             out, _ = node(env, args + extra)
+            node_cpu[where].append(children_cpu() - cpu0)
+            store_cpu[where].append(process_cpu(s3.proc.pid) - store0)
             loops[where].append(float(re.search(r"LOOP seconds=([\d.]+)", out).group(1)))
             if where == "s3":
                 complete += _time_to_complete(s3, bucket, f"run-{r}/", out)
@@ -160,7 +180,12 @@ def bench_checkpoints(s3: SeaweedS3, work: Path, steps: int, mib: int, rounds: i
     for where in ("local", "s3"):
         stall = (median(loops[where]) - base) / saves
         rows.append({"checkpoint_dir": "local folder" if where == "local" else "s3:// (uploaded in the background)",
-                     "loop_s": median(loops[where]), "stall_per_checkpoint_s": stall, "mib": mib, "runs": rounds})
+                     "loop_s": median(loops[where]), "stall_per_checkpoint_s": stall, "mib": mib, "runs": rounds,
+                     # Where the CPU goes, per checkpoint: the node's (entrypoint and rank) beyond
+                     # a run that saves nothing, and the store's, which a remote store would not
+                     # take from the node's cores.
+                     "node_cpu_per_checkpoint_s": (median(node_cpu[where]) - median(node_cpu["none"])) / saves,
+                     "store_cpu_per_checkpoint_s": median(store_cpu[where]) / saves})
     rows[1]["vs_local"] = median(loops["s3"]) / median(loops["local"])
     rows[1]["save_to_complete_s"] = median(complete) if complete else None
     return rows
@@ -211,11 +236,13 @@ def table(results: dict) -> str:
         lines.append(f"| {r['dataset']} | {r['tool']} | {fmt(r['seconds'])} | {fmt(r['MBps'], '.0f')} | "
                      f"{fmt(r['vs_best'])}× {r['note']} | {fmt(r.get('staging_s'))} | {fmt(r.get('staging_vs_best'))}× |")
     lines += [] if not results.get("checkpoints") else ["", "### The training loop with a checkpoint every 10 steps", "",
-              "| CHECKPOINT_DIR | loop (s) | stall per checkpoint (s) | vs local folder | save → complete in the bucket (s) |",
-              "|---|---|---|---|---|"]
+              "| CHECKPOINT_DIR | loop (s) | stall per checkpoint (s) | vs local folder | save → complete in the bucket (s) "
+              "| CPU per checkpoint: node (s) | CPU per checkpoint: the store on this machine (s) |",
+              "|---|---|---|---|---|---|---|"]
     for r in results.get("checkpoints", []):
         lines.append(f"| {r['checkpoint_dir']} ({r['mib']} MiB) | {fmt(r['loop_s'])} | {fmt(r['stall_per_checkpoint_s'], '.3f')} | "
-                     f"{fmt(r.get('vs_local'), '.3f')}× | {fmt(r.get('save_to_complete_s'))} |")
+                     f"{fmt(r.get('vs_local'), '.3f')}× | {fmt(r.get('save_to_complete_s'))} | "
+                     f"{fmt(r.get('node_cpu_per_checkpoint_s'))} | {fmt(r.get('store_cpu_per_checkpoint_s'))} |")
     lines += [] if not results.get("resume") else [
         "", "### Resuming from the bucket", "", "| case | checkpoint | start → script's first line (s) | fetch (s) | MB/s |",
         "|---|---|---|---|---|"]
