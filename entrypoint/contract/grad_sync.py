@@ -27,7 +27,8 @@ _DDP = Support(
     compressions=("none", "fp16", "bf16", "powersgd"),
     accumulation="DDP's no_sync() on N-1 of every N micro-batches; the optimizer steps every N calls",
     bucket="DDP's bucket_cap_mb",
-    mechanisms={"fp16": "DDP comm hook fp16_compress_hook", "bf16": "DDP comm hook bf16_compress_hook",
+    mechanisms={"fp16": "DDP comm hook fp16_compress_hook", "bf16": "DDP comm hook bf16_compress_hook "
+                "(bf16_compress_hook_on_gloo on Gloo: the same hook, past DDP's NCCL-only check)",
                 "powersgd": "DDP comm hook powerSGD_hook (error feedback, warm start)"})
 _HOROVOD_TORCH = Support(
     compressions=("none", "fp16"),

@@ -302,6 +302,9 @@ def test_gradient_strategies_reach_the_ranks_as_the_framework_spells_them():
     assert config().grad_sync.default and describe(config().grad_sync, "pytorch", "native") == []
     hvd = config(GRAD_COMPRESSION="fp16", GRAD_BUCKET_MB=8, LAUNCHER="horovod")
     assert "hvd.Compression.fp16" in describe(hvd.grad_sync, "pytorch", "horovod")[0]
+    from disttrain.gradsync import bf16_compress_hook_on_gloo           # the hook a Gloo job gets, by its name
+    bf16 = describe(config(GRAD_COMPRESSION="bf16").grad_sync, "pytorch", "native")[0]
+    assert "bf16_compress_hook " in bf16 and bf16_compress_hook_on_gloo.__name__ in bf16
 
 
 def test_a_training_process_reads_back_the_strategies_the_entrypoint_passed():
