@@ -35,8 +35,7 @@ import sys
 import types
 import weakref
 
-from entrypoint.contract.grad_sync import GradSync
-
+from .gradsync_settings import GradSync
 from .hooks import after_import
 
 DDP_MODULE = "torch.nn.parallel.distributed"

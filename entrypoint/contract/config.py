@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .grad_sync import COMPRESSIONS, GradSync, refusal
+from disttrain.gradsync_settings import GradSync
+
+from .grad_sync import COMPRESSIONS, refusal
 from .manifest import Image
 from .urls import BucketUrl, UrlError, has_scheme, parse_bucket_url, parse_store_url
 

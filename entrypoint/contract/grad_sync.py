@@ -4,13 +4,16 @@ One table, `SUPPORT`, says for each (framework, launcher) which gradient
 compressions, whether accumulation, and which bucket (fusion) setting the image applies,
 and through which of the framework's own mechanisms. The contract's rule refuses, in one
 line, a value the job's framework cannot honour; the dry run and docs/gradient-sync.md
-read the same table. disttrain/gradsync.py applies it inside the training processes.
+read the same table. disttrain/gradsync.py applies it inside the training processes, which
+read the job's values (GradSync, defined beside it in disttrain/gradsync_settings.py) from
+their environment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+
+from disttrain.gradsync_settings import GradSync
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 
@@ -61,51 +64,6 @@ SUPPORT: dict[tuple[str, str], Support] = {
     ("mxnet", "native"): _NOTHING,
     ("mxnet", "horovod"): _NOTHING,
 }
-
-
-@dataclass(frozen=True)
-class GradSync:
-    """The strategies a job asked for (the contract's values)."""
-    compression: str = "none"
-    powersgd_rank: int = 4
-    powersgd_warmup: int = 10
-    accumulation: int = 1
-    bucket_mb: int | None = None
-
-    @classmethod
-    def from_values(cls, v: Mapping[str, object]) -> "GradSync":
-        """From the contract's parsed values, keyed by variable."""
-        return cls(v["GRAD_COMPRESSION"], v["POWERSGD_RANK"], v["POWERSGD_WARMUP"], v["GRAD_ACCUMULATION"],
-                   v["GRAD_BUCKET_MB"])
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "GradSync":
-        """What `env()` wrote, read back in a training process; an unset variable keeps its
-        default. ValueError (naming the variable) for a value that is not a whole number."""
-        def number(name: str, default: int | None) -> int | None:
-            text = (env.get(name) or "").strip()
-            try:
-                return int(text) if text else default
-            except ValueError:
-                raise ValueError(f"{name}={text!r} is not a whole number") from None
-
-        d = cls()
-        return cls((env.get("GRAD_COMPRESSION") or "").strip() or d.compression,
-                   number("POWERSGD_RANK", d.powersgd_rank), number("POWERSGD_WARMUP", d.powersgd_warmup),
-                   number("GRAD_ACCUMULATION", d.accumulation), number("GRAD_BUCKET_MB", d.bucket_mb))
-
-    @property
-    def default(self) -> bool:
-        return self.compression == "none" and self.accumulation == 1 and self.bucket_mb is None
-
-    def env(self) -> dict[str, str]:
-        """What the training processes read (disttrain.gradsync)."""
-        env = {"GRAD_COMPRESSION": self.compression, "GRAD_ACCUMULATION": str(self.accumulation)}
-        if self.compression == "powersgd":
-            env.update(POWERSGD_RANK=str(self.powersgd_rank), POWERSGD_WARMUP=str(self.powersgd_warmup))
-        if self.bucket_mb is not None:
-            env["GRAD_BUCKET_MB"] = str(self.bucket_mb)
-        return env
 
 
 def support(framework: str, launcher: str) -> Support:

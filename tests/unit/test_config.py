@@ -310,7 +310,7 @@ def test_gradient_strategies_reach_the_ranks_as_the_framework_spells_them():
 def test_a_training_process_reads_back_the_strategies_the_entrypoint_passed():
     """disttrain.gradsync reads GradSync.from_env: what env() wrote comes back equal; unset
     variables are the defaults; a value that is no number names its variable."""
-    from entrypoint.contract.grad_sync import GradSync
+    from disttrain.gradsync_settings import GradSync
     for c in (config(GRAD_COMPRESSION="powersgd", POWERSGD_RANK=2, POWERSGD_WARMUP=5, GRAD_BUCKET_MB=50),
               config(GRAD_ACCUMULATION=4), config()):
         assert GradSync.from_env(c.grad_sync.env()) == c.grad_sync
