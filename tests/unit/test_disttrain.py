@@ -341,3 +341,19 @@ def test_powersgds_narrow_products_on_cpu_are_torchs_own_numbers_and_its_module_
         assert torch.allclose(out, torch.bmm(a, b), rtol=1e-5, atol=1e-4)
     wide, out = torch.randn(2, 300, 200, generator=g), torch.empty(2, 500, 200)      # not narrow: torch's path
     assert torch.equal(patched.bmm(m.transpose(1, 2), wide, out=out), torch.bmm(m.transpose(1, 2), wide))
+
+
+def test_disttrain_imports_nothing_of_the_entrypoint():
+    """The library the training imports stands below the entrypoint (docs/design.md): the
+    entrypoint reads its formats (checkpoint names, progress, status, GradSync), never the
+    other way round, at the top of a module or inside a function."""
+    import ast
+
+    from tests.conftest import ROOT
+    found = []
+    for path in sorted((ROOT / "disttrain").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "entrypoint"]
+    assert not found, found

@@ -53,7 +53,7 @@ def test_what_generators_make_is_strong():
     import sys
     import uuid
 
-    made = subprocess.run([sys.executable, "-m", "disttrain", "secret"], capture_output=True, text=True, timeout=60)
+    made = subprocess.run([sys.executable, "-m", "entrypoint.commands", "secret"], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0 and len(made.stdout.strip()) == 64, made.stderr
     for strong in (made.stdout.strip(), new_secret(), secrets.token_hex(16), secrets.token_urlsafe(32),
                    str(uuid.uuid4()), base64.b64encode(os.urandom(32)).decode(),

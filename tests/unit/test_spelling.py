@@ -63,7 +63,7 @@ def test_disttrain_variables_lists_every_variable_with_its_default():
 
     from tests.conftest import ROOT
 
-    done = subprocess.run([sys.executable, "-m", "disttrain", "variables"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "entrypoint.commands", "variables"], capture_output=True, text=True,
                           cwd=str(ROOT), timeout=60)
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.splitlines() if line and not line.startswith((" ", "The", "Bad"))]

@@ -5,6 +5,11 @@ whole job; a worker its own ranks), from the file it writes once a second (distt
     docker exec CONTAINER disttrain status [--json]
     docker run --rm IMAGE disttrain variables
     docker run --rm IMAGE disttrain secret > job_secret
+
+The image's `disttrain` command runs this module (python3 -m entrypoint.commands); it lives
+with the entrypoint because two of its answers are the entrypoint's (the secret's format, the
+variables' reference), and `disttrain` itself, the library the training imports, imports
+nothing of the entrypoint.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import status
+    from disttrain import status
     parser = argparse.ArgumentParser(prog="disttrain", description=__doc__.split("\n\n")[0].replace("\n", " "))
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("status", help="the job's ranks: steps, step time, idle time, who is behind")
@@ -26,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("secret", help="a new JOB_SECRET: 256 bits from the system's generator, as 64 hex digits")
     args = parser.parse_args(argv)
     if args.command == "secret":
-        from entrypoint.security.secret import new_secret
+        from .security.secret import new_secret
         print(new_secret())
         return 0
     if args.command == "variables":
-        from entrypoint.contract.reference import plain
+        from .contract.reference import plain
         print(plain())
         return 0
     path = args.file or status.default_path()
