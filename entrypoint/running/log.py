@@ -8,7 +8,9 @@ torchrun's Gloo, 60 and more for TensorFlow and Horovod) before the entrypoint c
 that the lost node, not the rank, was the cause. Once it knows (`divert`), a consequence's traceback goes to a
 file in the diagnostics folder and its line names the file; a rank's own failure's goes
 to the console (`release`), as does anything held longer than HOLD_S (a rank that printed
-a traceback and went on).
+a traceback and went on). A hold is per rank and per stream where the lines say theirs
+(torch's agent tails each rank's stdout and stderr apart, and may read a line the rank
+printed before its traceback after it): the rank's other stream goes on to the console.
 """
 
 from __future__ import annotations
@@ -35,16 +37,18 @@ class Log:
         self._lock = threading.Lock()
         self._diagnostics: str | None = None     # holding tracebacks: where diverted ones go
         self._node = 0
-        self._held: dict[str, tuple[float, list[str]]] = {}     # prefix -> (since, lines)
+        self._held: dict[tuple[str, str], tuple[float, list[str]]] = {}     # (prefix, stream) -> (since, lines)
 
     def say(self, text: str, error: bool = False) -> None:
         self._write(self.err if error else self.out, f"entrypoint: {text}\n")
 
-    def line(self, text: str) -> None:
+    def line(self, text: str, stream: str = "") -> None:
+        """One line of a process's; `stream` ("out", "err") where its stdout and stderr come
+        apart, "" where they come merged."""
         text = text if text.endswith("\n") else text + "\n"
         with self._lock:
             if self._diagnostics is not None and (found := _PREFIX.match(text)) is not None:
-                own = found.group(0)
+                own = found.group(0), stream
                 if own not in self._held and FAILING.match(text, found.end()):
                     self._held[own] = (time.monotonic(), [])
                     timer = threading.Timer(HOLD_S, self._expire, [own])
@@ -87,13 +91,13 @@ class Log:
                 return None
             return path
 
-    def _expire(self, own: str) -> None:
+    def _expire(self, own: tuple[str, str]) -> None:
         with self._lock:
             found = self._held.pop(own, None)
             if found is not None:
                 self._flush({own: found})
 
-    def _flush(self, held: dict[str, tuple[float, list[str]]]) -> None:
+    def _flush(self, held: dict[tuple[str, str], tuple[float, list[str]]]) -> None:
         for _, lines in sorted(held.values(), key=lambda item: item[0]):
             self.out.writelines(lines)
         self.out.flush()

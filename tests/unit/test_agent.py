@@ -40,7 +40,7 @@ def test_a_program_that_is_not_python_runs_as_itself():
 
 def test_agent_output_is_prefixed_and_ranks_keep_their_own_prefix():
     out = io.StringIO()
-    lines = _Lines(Log(out), "[torchrun]: ")
+    lines = _Lines(Log(out), "[torchrun]: ", "out")
     lines.write("[rank3]: hi\nagent ")
     lines.write("log\n")
     assert out.getvalue() == "[rank3]: hi\n[torchrun]: agent log\n"

@@ -53,3 +53,17 @@ def test_without_holding_every_line_goes_straight_out():
     for line in TRACE:
         log.line(line)
     assert out.getvalue().splitlines() == TRACE
+
+
+def test_a_hold_keeps_to_the_stream_of_the_traceback(tmp_path):
+    """torch's agent tails a rank's stdout and stderr apart: a line the rank printed before
+    its traceback may come after it, from the other stream, and goes on to the console."""
+    out = io.StringIO()
+    log = Log(out)
+    log.hold_tracebacks(str(tmp_path / "diagnostics"), node=0)
+    for line in TRACE:
+        log.line(line, "err")
+    log.line("[rank0]: ALLREDUCED rank=0", "out")
+    log.line("[rank0]: more of the traceback's stream", "err")
+    assert out.getvalue() == "[rank0]: ALLREDUCED rank=0\n"
+    assert open(log.divert()).read().splitlines() == [*TRACE, "[rank0]: more of the traceback's stream"]

@@ -46,10 +46,11 @@ AGENT_LABEL = "torchrun"
 
 class _Lines:
     """A text stream that writes whole lines through the Log: the agent's threads (torch's
-    tee of every worker, its logging) and the entrypoint's own lines never interleave."""
+    tee of every worker, its logging) and the entrypoint's own lines never interleave.
+    `stream` ("out", "err") tells the Log which of the workers' streams a line is from."""
 
-    def __init__(self, log: Log, prefix: str):
-        self.log, self.prefix = log, prefix
+    def __init__(self, log: Log, prefix: str, stream: str):
+        self.log, self.prefix, self.stream = log, prefix, stream
         self._partial = ""
         self._lock = threading.Lock()
 
@@ -58,7 +59,7 @@ class _Lines:
             lines = (self._partial + text).split("\n")
             self._partial = lines.pop()
         for line in lines:
-            self.log.line(rank_lines.tagged(line, self.prefix))
+            self.log.line(rank_lines.tagged(line, self.prefix), self.stream)
         return len(text)
 
     def flush(self) -> None:
@@ -296,10 +297,11 @@ class InProcessTorchrun:
         os.environ[TOKEN_VAR] = self.token
         sentinel = Sentinel(self.token)
         streams = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = lines = _Lines(self.log, rank_lines.prefix(AGENT_LABEL))
+        prefix = rank_lines.prefix(AGENT_LABEL)
+        sys.stdout, sys.stderr = _Lines(self.log, prefix, "out"), _Lines(self.log, prefix, "err")
         handlers = {h: h.stream for h in _torch_log_handlers(streams)}
         for handler in handlers:
-            handler.setStream(lines)
+            handler.setStream(sys.stderr)
         quiet = _ChildThreadWarning()
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(quiet)
         try:
