@@ -29,10 +29,10 @@ class TorchrunNode(Node):
                                 start_new_session=True)
 
 
-def torchrun_args(etcd: EtcdCluster, run_id: str, state, steps: int = STEPS) -> list[str]:
+def torchrun_args(etcd: EtcdCluster, run_id: str, state, steps: int = STEPS, op_timeout: int = 3) -> list[str]:
     return ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=3", "--monitor-interval=0.1",
             "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={','.join(etcd.endpoints)}", f"--rdzv-id={run_id}",
-            "--rdzv-conf=join_timeout=60,read_timeout=10,op_timeout=3,last_call_timeout=1,keep_alive_interval=1,"
+            f"--rdzv-conf=join_timeout=60,read_timeout=10,op_timeout={op_timeout},last_call_timeout=1,keep_alive_interval=1,"
             "keep_alive_max_attempt=3",
             "--local-addr=127.0.0.1", str(ROOT / "tests/e2e/elastic_steps.py"), "--steps", str(steps),
             "--state", str(state)]
@@ -45,10 +45,10 @@ def etcd(tmp_path):
 
 
 def start_nodes(etcd, tmp_path, count: int, first: int = 0, run_id: str = "", steps: int = STEPS,
-                state: str = "step") -> list[TorchrunNode]:
+                state: str = "step", op_timeout: int = 3) -> list[TorchrunNode]:
     """`count` nodes of the job `run_id` (a new one if not given), logs numbered from `first`."""
     env = child_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
-    args = torchrun_args(etcd, run_id or uuid.uuid4().hex[:12], tmp_path / state, steps)
+    args = torchrun_args(etcd, run_id or uuid.uuid4().hex[:12], tmp_path / state, steps, op_timeout)
     return [TorchrunNode(env, args, tmp_path / f"node{k}.log") for k in range(first, first + count)]
 
 
@@ -102,11 +102,14 @@ def test_a_node_that_joins_later_is_taken_into_the_next_round(etcd, tmp_path):
 
 def test_a_new_job_under_the_id_of_one_that_just_ended_waits_for_its_keys_and_runs(etcd, tmp_path):
     """A finished job's rendezvous is closed; its keys are held by its nodes' leases (TTL
-    op_timeout=3 s here), so the next job under the same id waits for them, then runs."""
-    nodes = start_nodes(etcd, tmp_path, 2, steps=20, state="a")
+    op_timeout, 12 s here), so the next job under the same id waits for them, then runs. With
+    a 3 s lease, a CI machine slow to start the second job's processes (importing torch)
+    found the keys gone already, and the test could not see the wait."""
+    nodes = start_nodes(etcd, tmp_path, 2, steps=20, state="a", op_timeout=12)
     try:
         assert [n.wait(120) for n in nodes] == [0, 0], "\n".join(n.output[-2000:] for n in nodes)
-        again = start_nodes(etcd, tmp_path, 2, first=2, run_id=run_id_of(nodes[0]), steps=20, state="b")
+        again = start_nodes(etcd, tmp_path, 2, first=2, run_id=run_id_of(nodes[0]), steps=20, state="b",
+                            op_timeout=12)
         nodes += again
         assert [n.wait(120) for n in again] == [0, 0], "\n".join(n.output[-2000:] for n in again)
         assert "STEP 20 world=2" in "\n".join(n.output for n in again)
