@@ -4,7 +4,8 @@ loopback, testing/s3.py), side by side in one run:
 * Staging a dataset into an empty folder: the entrypoint's own staging (storage/stage.py,
   run as a node does) against `aws s3 sync`, `s5cmd sync` and `rclone copy`, each with its
   defaults, on many small files and on a few large ones. Goal: at least as fast as the
-  best of them. Rounds alternate between the tools; the median is reported.
+  best of them. Each round runs every tool, each round starting with the next one (none
+  always first or last); the median is reported.
 * The training loop's stall per checkpoint: a loop of fixed work (about 0.3 s a step here)
   that saves a 128 MiB checkpoint every 10 steps, through the entrypoint, with CHECKPOINT_DIR a local folder and s3://
   (the upload runs in the entrypoint, beside the training). Goal: within 1.05x. Beside it,
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,19 +73,38 @@ def fill(s3: SeaweedS3, bucket: str, prefix: str, count: int, size: int, folder:
     shutil.rmtree(src)
 
 
-def stage_commands(s3: SeaweedS3, url: str, dest: str, baseline: Path | None = None) -> dict[str, list[str] | None]:
+class Command(NamedTuple):
+    argv: list[str]
+    env: dict[str, str] = {}       # on top of the benchmark's environment
+
+
+def stage_commands(s3: SeaweedS3, url: str, dest: str, baseline: Path | None = None) -> dict[str, Command | None]:
     bucket_path = url[len("s3://"):]
     aws, s5, rc = tool("aws"), tool("s5cmd"), tool("rclone")
     earlier = {} if baseline is None else {        # another checkout's entrypoint, on its own PYTHONPATH
-        f"{OURS}, {baseline.name}": ["env", f"PYTHONPATH={baseline}", PY,
-                                     str(baseline / "bench" / "workloads" / "stage_once.py"), url, dest]}
+        f"{OURS}, {baseline.name}": Command([PY, str(baseline / "bench" / "workloads" / "stage_once.py"), url, dest],
+                                            {"PYTHONPATH": str(baseline)})}
     return {
-        OURS: [PY, str(WORKLOADS / "stage_once.py"), url, dest],
+        OURS: Command([PY, str(WORKLOADS / "stage_once.py"), url, dest]),
         **earlier,
-        "aws s3 sync": [aws, "s3", "sync", url, dest, "--endpoint-url", s3.endpoint, "--only-show-errors"] if aws else None,
-        "s5cmd sync": [s5, "--endpoint-url", s3.endpoint, "sync", f"{url.rstrip('/')}/*", dest + "/"] if s5 else None,
-        "rclone copy": [rc, "copy", f"bench:{bucket_path}", dest] if rc else None,
+        "aws s3 sync": Command([aws, "s3", "sync", url, dest, "--endpoint-url", s3.endpoint, "--only-show-errors"])
+        if aws else None,
+        "s5cmd sync": Command([s5, "--endpoint-url", s3.endpoint, "sync", f"{url.rstrip('/')}/*", dest + "/"])
+        if s5 else None,
+        "rclone copy": Command([rc, "copy", f"bench:{bucket_path}", dest], rclone_env(s3)) if rc else None,
     }
+
+
+def rotated(items: list, r: int) -> list:
+    """Round r starts with the r-th item: no tool always runs first (on a cold cache) or last."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def rotated(items: list, r: int) -> list:
+    """Round r starts with the r-th item: no tool always runs first (on a cold cache) or last."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
 
 
 def rclone_env(s3: SeaweedS3) -> dict[str, str]:
@@ -102,15 +123,15 @@ def bench_staging(s3: SeaweedS3, work: Path, datasets: list[tuple[str, int, int]
         times: dict[str, list[float]] = {}
         phases: dict[str, list[float]] = {}      # ours (and the baseline's): the staging alone
         commands = stage_commands(s3, url, "DEST", baseline)
-        for _ in range(rounds):
-            for label, cmd in commands.items():
-                if cmd is None:
-                    continue
+        installed = [label for label, cmd in commands.items() if cmd is not None]
+        for r in range(rounds):
+            for label in rotated(installed, r):
+                cmd = commands[label]
                 dest = work / "dest"
                 shutil.rmtree(dest, ignore_errors=True)
                 dest.mkdir()
-                argv = [str(dest) if a == "DEST" else a.replace("DEST", str(dest)) for a in cmd]
-                env = {**base_env(), **s3.env(), **rclone_env(s3)}
+                argv = [str(dest) if a == "DEST" else a.replace("DEST", str(dest)) for a in cmd.argv]
+                env = {**base_env(), **s3.env(), **cmd.env}
                 t0 = time.perf_counter()
                 run = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
                 took = time.perf_counter() - t0
