@@ -23,5 +23,12 @@ def stamps(output: str, tag: str) -> list[float]:
     return [float(t) for t in re.findall(rf"{tag} rank=[\d?]+ t=([\d.]+)", output)]
 
 
+def rotated(items: list, r: int) -> list:
+    """Round r's order: it starts with the r-th item, so no run always goes first (on a cold
+    cache) or last."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")

@@ -20,7 +20,7 @@ from testing.cluster import loopback_env
 from testing.ports import free_port
 from testing.processes import PY, children_cpu_seconds, entrypoint, run_many
 
-from .procs import WORKLOADS, base_env, median, stamps
+from .procs import WORKLOADS, base_env, median, rotated, stamps
 
 READY = str(WORKLOADS / "ready.py")
 RAW = "raw torchrun (c10d, one agent per node)"
@@ -107,7 +107,7 @@ def secret_vs_plain(sizes: list[int], rounds: int, paths: tuple[str, ...] = ("to
             runs: dict[str, list[dict]] = {"plain": [], "secret": []}
             ratios, failures = [], 0
             for r in range(rounds):
-                order = ["plain", "secret"] if r % 2 == 0 else ["secret", "plain"]
+                order = rotated(["plain", "secret"], r)
                 got = {which: once(n, pair[which], timeout) for which in order}
                 if None in got.values():
                     failures += 1

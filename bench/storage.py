@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procs import WORKLOADS, base_env, median  # noqa: E402
+from bench.procs import WORKLOADS, base_env, median, rotated  # noqa: E402
 from testing.processes import PY, ROOT  # noqa: E402
 from testing.s3 import ADMIN, REGION, SeaweedS3  # noqa: E402
 
@@ -93,18 +93,6 @@ def stage_commands(s3: SeaweedS3, url: str, dest: str, baseline: Path | None = N
         if s5 else None,
         "rclone copy": Command([rc, "copy", f"bench:{bucket_path}", dest], rclone_env(s3)) if rc else None,
     }
-
-
-def rotated(items: list, r: int) -> list:
-    """Round r starts with the r-th item: no tool always runs first (on a cold cache) or last."""
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
-
-
-def rotated(items: list, r: int) -> list:
-    """Round r starts with the r-th item: no tool always runs first (on a cold cache) or last."""
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
 
 
 def rclone_env(s3: SeaweedS3) -> dict[str, str]:
