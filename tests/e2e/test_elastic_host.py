@@ -1,10 +1,11 @@
 """Elastic PyTorch and node loss on loopback: entrypoint processes as nodes, real torchrun.
 
 An elastic job (MIN_NODES=1, MAX_NODES=3), under torchrun or Horovod's elastic driver, must
-go on when a worker dies and grow when one joins, resuming from the step it had reached; a job must end on every node when its
-master (the job store's host) is lost; and a node whose entrypoint dies takes its
-processes with it. The container tests (test_containers.py) do the same with
-`docker kill` and `compose up --scale`.
+go on when a worker stops, freezes or loses its entrypoint, and grow when a node joins,
+resuming from the step it had reached; a job must end on every node when its master (the
+job store's host) is lost; and a node whose entrypoint dies takes its processes with it.
+A worker killed outright (every process, SIGKILL) is test_containers.py's
+`docker kill` test, for the same three launchers; `compose up --scale` grows a job there.
 """
 
 import signal
@@ -50,23 +51,6 @@ STRATEGY = {"native": dict(GRAD_COMPRESSION="powersgd", POWERSGD_WARMUP=2),
 
 
 @pytest.mark.parametrize("launcher", WITH_KERAS)
-def test_elastic_job_goes_on_without_a_killed_worker(jobs, launcher):
-    job = jobs.start(2, LONG, **WITH_KERAS[launcher])
-    master, worker = job
-    wait_for_rank0(job, launcher, "step 40 loss")
-    worker.kill_tree()
-    assert master.wait(240) == 0, master.output[-4000:]
-    [(old, new, step)] = changes(master.output)
-    assert (old, new) == (2, 1) and step >= 40 - LOSES_AT_MOST[launcher], master.output[-3000:]
-    [result] = results(master.output)
-    assert result.world == 1 and result.after < initial_loss(everything(job))
-    assert launcher != "native" or f"resumed_from={step}" in result.extra
-    assert "node 1 lost" in master.output
-    # Horovod's: seen by the master's link to the worker, not its heartbeat's age (job/links.py)
-    assert launcher == "native" or "node 1 lost: its connection closed" in master.output, master.output[-3000:]
-
-
-@pytest.mark.parametrize("launcher", WITH_KERAS)
 def test_elastic_job_grows_when_a_node_joins(jobs, launcher):
     """With a gradient strategy (STRATEGY): applied again by every round's first rank."""
     job = jobs.start(2, LONG, **WITH_KERAS[launcher], **STRATEGY[launcher])
@@ -103,8 +87,10 @@ def test_a_stopped_worker_leaves_and_the_elastic_job_goes_on(jobs, launcher):
 def test_elastic_job_goes_on_without_a_frozen_worker(jobs, launcher):
     """SIGSTOP: nothing answers and no connection resets, as when a host drops off the
     network. torchrun: the entrypoints restart the processes still waiting for it after
-    PEER_TIMEOUT (from the last checkpoint, every 20 steps); Horovod: Gloo's timeout (30 s)."""
-    job = jobs.start(2, LONG + ["--checkpoint-every", "20"], PEER_TIMEOUT=5, **LAUNCHERS[launcher])
+    PEER_TIMEOUT (from the last checkpoint, every 20 steps); Horovod: Gloo's timeout, which
+    its own variable sets (30 s by default; 15 s here, as a user who wants it sooner would)."""
+    gloo = dict(HOROVOD_GLOO_TIMEOUT_SECONDS=15) if launcher == "horovod" else {}
+    job = jobs.start(2, LONG + ["--checkpoint-every", "20"], PEER_TIMEOUT=5, **LAUNCHERS[launcher], **gloo)
     master, worker = job
     wait_for_rank0(job, launcher, "step 40 loss")
     worker.signal_tree(signal.SIGSTOP)
