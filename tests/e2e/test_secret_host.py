@@ -221,7 +221,7 @@ def test_elastic_torchrun_behind_a_secret_goes_on_through_its_rounds_with_only_t
     """A node joins (round 2, world 3), then a worker is killed (round 3, world 2): each round's
     workers meet in a store of their own behind the master's Gate, so at every point the only
     port open on every interface is MASTER_PORT's, and the job trains to the end."""
-    job = jobs.start(2, ["--steps", "600", "--step-delay", "0.05", "--checkpoint-every", "1000"], addrs=NODE_ADDRS,
+    job = jobs.start(2, ["--steps", "400", "--step-delay", "0.05", "--checkpoint-every", "1000"], addrs=NODE_ADDRS,
                      **ELASTIC)
     master, worker = job
     wait_for_any(job, "step 40 loss", 180)
@@ -406,7 +406,8 @@ def test_an_oversized_length_to_a_ranks_notification_service_leaves_its_memory_f
     import socket
     import struct
 
-    job = jobs.start(2, STEPS, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET, MIN_NODES=2, MAX_NODES=2,
+    short = ["--steps", "48", "--step-delay", "0.25"]      # the probe takes a second or two after step 20
+    job = jobs.start(2, short, FRAMEWORK="pytorch", LAUNCHER="horovod", JOB_SECRET=SECRET, MIN_NODES=2, MAX_NODES=2,
                      addrs=NODE_ADDRS)
     wait_for_any(job, "step 20 loss", 120)
     services = [found for found in reachable(job) if found.node == 1 and not found.entrypoint and found.everywhere]
